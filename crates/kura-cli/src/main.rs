@@ -1,0 +1,59 @@
+//! The `kura` command.
+
+mod bench_engine;
+mod engine_cmd;
+mod size;
+
+use clap::{Parser, Subcommand};
+
+/// kura: a storage stack on flash key-value stores.
+///
+/// The engine keeps keys and values on flash with a RAM index of about 16 bits per key.
+#[derive(Parser)]
+#[command(name = "kura", version, about, long_about = None)]
+struct Cli {
+    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Work with an embedded engine store in a local file or on a raw device.
+    Engine {
+        #[command(subcommand)]
+        command: engine_cmd::EngineCommand,
+    },
+    /// Benchmarks that print JSON, each with its anchor measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The flash KV engine against fio on the same file (paper 002's measurements).
+    Engine(bench_engine::EngineBenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match cli.command {
+        Command::Engine { command } => engine_cmd::run(command),
+        Command::Bench { command: BenchCommand::Engine(args) } => bench_engine::run(&args),
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

@@ -1,0 +1,1438 @@
+//! The engine: partitions of write buffers and sealed blocks over one device.
+//!
+//! Keys are split by hash into partitions, each an independent write stream with its own
+//! Bloom Filter Map, so a lookup considers only its partition's blocks. A lookup checks the
+//! partition's write buffers, then asks the map for candidate blocks, orders them newest first,
+//! and asks each block's page index for the one page (or slot) to read.
+//!
+//! Durability: a full buffer is sealed into a block (data + summary, fdatasync, footer,
+//! fdatasync, checkpoint of the partition's watermark, fdatasync): a valid footer implies a
+//! whole block, and a watermark is durable only after the block it points to. `sync()` writes records still in
+//! buffers to the journal and fdatasyncs. Recovery reads superblock, checkpoint, every block's
+//! footer and summary, and the journal; it never scans block data.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar as StdCondvar, Mutex as StdMutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::aligned::AlignedBuf;
+use crate::bloom::{BfmColumn, BloomFilter, BloomFilterMap};
+use crate::block::{self, BlockGeometry, BlockIndex, BuildSpec, RecordRef, Span, SpanError, SpanLookup};
+use crate::buffer::{BufferFull, WriteBuffer};
+use crate::config::EngineConfig;
+use crate::device::{Device, FileDevice, FileDeviceOptions, io_queue};
+use crate::error::{Error, Result};
+use crate::format::{
+    BLOCK_REGION_ALIGNMENT_BYTES, BlockKind, CHECKPOINT_OFFSETS_BYTES, Checkpoint, Footer, FormatError, JournalEntryHeader,
+    META_PAGE_SIZE_BYTES, META_REGION_BYTES, Mode, RecordHeader, RecordKind, SUPERBLOCK_OFFSETS_BYTES, Superblock,
+};
+use crate::hash::KeyHash;
+use crate::journal::{self, JournalWriter};
+use crate::stats::{Counters, RamUsage, Stats};
+
+/// Key stripes serialising writes to the same key (conditional writes read then write).
+const WRITE_STRIPES: usize = 1024;
+/// Free block slots a normal seal leaves in store mode: one for sealing deletions so they can
+/// take effect, one for garbage collection's output.
+const GC_RESERVE_SLOTS: usize = 2;
+/// Most blocks compacted together by one garbage-collection pass.
+const GC_VICTIMS_MAX: usize = 8;
+/// A block is not worth collecting when more than this share of it is live.
+const GC_LIVE_FRACTION_MAX: f64 = 0.95;
+/// Dead-record estimation checks about this many records per sealed block.
+const DEAD_SAMPLES_PER_BLOCK: usize = 128;
+/// Samples checked per acquisition of the partition lock (writers get in between).
+const DEAD_SAMPLES_PER_LOCK: usize = 16;
+/// Blocks whose live records one garbage-collection pass examines exactly, at most.
+const GC_EXAMINE_MAX: usize = 16;
+/// Times a lookup restarts after finding its block reused under it.
+const GET_RESTARTS_MAX: u32 = 16;
+/// Reads in flight while loading block summaries at open.
+const RECOVERY_QUEUE_DEPTH: usize = 64;
+
+/// When a conditional write proceeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    Always,
+    /// Only if the key has no live value (memcached `add`).
+    IfAbsent,
+    /// Only if the key has a live value (memcached `replace`).
+    IfPresent,
+    /// Only if the live value has this version (memcached `cas`).
+    IfVersion(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    Written { version: u64 },
+    /// The condition did not hold; `current` is the live version, if any.
+    ConditionFailed { current: Option<u64> },
+}
+
+/// A value read from the store.
+#[derive(Debug)]
+pub struct Item {
+    pub version: u64,
+    value: ValueBytes,
+}
+
+#[derive(Debug)]
+enum ValueBytes {
+    Owned(Vec<u8>),
+    /// A slice of the page or slot read from flash (no copy).
+    Read { buf: AlignedBuf, start: usize, len: usize },
+}
+
+impl Item {
+    pub fn value(&self) -> &[u8] {
+        match &self.value {
+            ValueBytes::Owned(v) => v,
+            ValueBytes::Read { buf, start, len } => &buf[*start..*start + *len],
+        }
+    }
+
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.value {
+            ValueBytes::Owned(v) => v,
+            ValueBytes::Read { .. } => self.value().to_vec(),
+        }
+    }
+}
+
+/// A lookup in progress, for callers that keep many reads in flight (see [`Engine::get_start`]).
+#[derive(Debug)]
+pub struct GetPlan {
+    key: Vec<u8>,
+    hash: KeyHash,
+    spans: Vec<(Arc<BlockIndex>, Span)>,
+    next: usize,
+    restarts: u32,
+}
+
+/// What a lookup needs next.
+#[derive(Debug)]
+pub enum GetStep {
+    Done(Option<Item>),
+    /// Read `len_bytes` at `offset_bytes` (aligned) and pass the bytes to [`Engine::get_continue`].
+    Read { offset_bytes: u64, len_bytes: usize },
+}
+
+/// A store. Cheap to clone; safe to use from many threads.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+    /// Shared by every clone; when the last one drops, the sealers stop and the store syncs.
+    _owner: Arc<Owner>,
+}
+
+/// Background sealer threads, joined (and the store synced) when the last handle drops.
+struct Owner {
+    inner: Arc<Inner>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(tx) = self.inner.seal_tx.lock().take() {
+            for _ in &self.threads {
+                let _ = tx.send(SealMsg::Stop);
+            }
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        if !self.inner.failed.load(Ordering::Acquire)
+            && let Err(error) = self.inner.sync()
+        {
+            tracing::error!(%error, "sync on close failed; unsynced writes may be lost");
+        }
+    }
+}
+
+enum SealMsg {
+    Seal { partition: usize, slot: u32, frozen: Arc<WriteBuffer>, ticket: u64 },
+    Stop,
+}
+
+struct Inner {
+    device: Arc<dyn Device>,
+    sb: Superblock,
+    geo: BlockGeometry,
+    key_size_max: usize,
+    value_size_max_bytes: usize,
+    partitions: Vec<Partition>,
+    slots: Mutex<Slots>,
+    last_version: AtomicU64,
+    last_block_seq: AtomicU64,
+    journal: Mutex<JournalState>,
+    checkpoint: Mutex<Checkpoint>,
+    gc_lock: Mutex<()>,
+    stripes: Box<[Mutex<()>]>,
+    seals: Seals,
+    counters: Counters,
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+    images: Mutex<Vec<AlignedBuf>>,
+    /// Arenas of sealed write buffers, reused so buffers do not regrow from empty.
+    spare_arenas: Mutex<Vec<Vec<u8>>>,
+    /// Where frozen buffers go to be sealed in the background (none: seal inline).
+    seal_tx: Mutex<Option<std::sync::mpsc::Sender<SealMsg>>>,
+}
+
+struct Partition {
+    state: RwLock<PartitionState>,
+}
+
+struct PartitionState {
+    active: WriteBuffer,
+    sealing: Option<Arc<WriteBuffer>>,
+    blocks: BlockTable,
+    bfm: BloomFilterMap,
+    journal_first_active: Option<u64>,
+    journal_first_sealing: Option<u64>,
+}
+
+/// A partition's blocks, indexed by slot (the ids its Bloom Filter Map returns).
+struct BlockTable {
+    by_slot: Vec<Option<(Arc<BlockIndex>, BfmColumn)>>,
+    len: usize,
+}
+
+impl BlockTable {
+    fn new(slots: u32) -> Self {
+        Self { by_slot: (0..slots).map(|_| None).collect(), len: 0 }
+    }
+
+    fn get(&self, slot: u32) -> Option<&(Arc<BlockIndex>, BfmColumn)> {
+        self.by_slot.get(slot as usize)?.as_ref()
+    }
+
+    fn insert(&mut self, slot: u32, entry: (Arc<BlockIndex>, BfmColumn)) {
+        let old = self.by_slot[slot as usize].replace(entry);
+        assert!(old.is_none(), "slot {slot} already holds a block");
+        self.len += 1;
+    }
+
+    fn remove(&mut self, slot: u32) -> Option<(Arc<BlockIndex>, BfmColumn)> {
+        let old = self.by_slot.get_mut(slot as usize)?.take();
+        self.len -= usize::from(old.is_some());
+        old
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.by_slot.len() * std::mem::size_of::<Option<(Arc<BlockIndex>, BfmColumn)>>()
+    }
+}
+
+struct Slots {
+    free: Vec<u32>,
+    /// Live blocks, oldest first (by search order).
+    by_age: BTreeSet<(u64, u64, u32)>,
+    live: HashMap<u32, Arc<BlockIndex>>,
+}
+
+struct JournalState {
+    writer: JournalWriter,
+}
+
+/// Seals in flight, so `sync()` can wait for the ones that started before it.
+struct Seals {
+    state: StdMutex<(u64, BTreeSet<u64>)>,
+    done: StdCondvar,
+}
+
+impl Engine {
+    /// Opens the store at `path`, creating and formatting it when the file is new or empty.
+    pub fn open(path: &Path, config: &EngineConfig) -> Result<Self> {
+        config.validate().map_err(Error::InvalidConfig)?;
+        let is_new = std::fs::metadata(path).map(|m| m.is_file() && m.len() == 0).unwrap_or(true);
+        if is_new && config.size_bytes.is_none() {
+            return Err(Error::InvalidConfig(format!("{} does not exist; give a size to create it", path.display())));
+        }
+        let options = FileDeviceOptions { create: is_new, size_bytes: if is_new { config.size_bytes } else { None }, direct_io: config.direct_io };
+        let device = FileDevice::open(path, &options).map_err(|source| Error::Io { op: "open", offset_bytes: 0, source })?;
+        let device: Arc<dyn Device> = Arc::new(device);
+        let opened = if is_new { Self::create(device, config) } else { Self::open_device(device, config) };
+        match opened {
+            Err(Error::NotAKuraStore { .. }) => Err(Error::NotAKuraStore { path: path.display().to_string() }),
+            other => other,
+        }
+    }
+
+    /// Formats `device` as a new, empty store (whatever it held is forgotten).
+    pub fn create(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+        config.validate().map_err(Error::InvalidConfig)?;
+        let sb = layout(device.len_bytes(), config)?;
+        let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
+        for offset in CHECKPOINT_OFFSETS_BYTES {
+            device.write_at(offset, &page).map_err(|source| Error::Io { op: "format", offset_bytes: offset, source })?;
+        }
+        sb.encode(&mut page);
+        for offset in SUPERBLOCK_OFFSETS_BYTES {
+            device.write_at(offset, &page).map_err(|source| Error::Io { op: "format", offset_bytes: offset, source })?;
+        }
+        device.sync().map_err(|source| Error::Io { op: "format sync", offset_bytes: 0, source })?;
+        tracing::info!(blocks = sb.block_count, partitions = sb.partitions, block_size_bytes = sb.block_size_bytes, mode = ?sb.mode, "formatted a new kura store");
+        Self::open_device(device, config)
+    }
+
+    /// Opens an existing store on `device`.
+    pub fn open_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+        let started = Instant::now();
+        let sb = read_superblock(device.as_ref())?;
+        if let Some(mode) = config.mode
+            && mode != sb.mode
+        {
+            return Err(Error::InvalidConfig(format!("the store was formatted in {:?} mode, not {:?}", sb.mode, mode)));
+        }
+        let geo = BlockGeometry {
+            store_id: sb.store_id,
+            page_size: sb.page_size_bytes as usize,
+            sector: device.alignment_bytes().max(512) as usize,
+            block_size: sb.block_size_bytes as usize,
+            index_bits_per_key: sb.index_bits_per_key,
+            fingerprint_bits: sb.fingerprint_bits,
+        };
+        if geo.sector > geo.page_size {
+            return Err(Error::InvalidConfig(format!("device sector {} exceeds the page size", geo.sector)));
+        }
+        let checkpoint = read_checkpoint(device.as_ref(), &sb);
+        let inner = Arc::new(Inner::new(device, sb, geo, config, checkpoint));
+        // Recovery seals (if replay fills a buffer) run inline: the sealers start afterwards.
+        let blocks = inner.load_blocks()?;
+        let replayed = inner.replay_journal()?;
+        let owner = Arc::new(Owner { threads: spawn_sealers(&inner, config.seal_threads)?, inner: Arc::clone(&inner) });
+        tracing::info!(blocks, replayed, elapsed_ms = started.elapsed().as_millis() as u64, "opened kura store");
+        Ok(Self { inner, _owner: owner })
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.inner.sb
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.inner.device
+    }
+
+    /// Reads `key`'s live value.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Item>> {
+        self.inner.get(key)
+    }
+
+    /// Starts a lookup without doing I/O: the answer, or the first read it needs.
+    pub fn get_start(&self, key: &[u8]) -> Result<(GetPlan, GetStep)> {
+        self.inner.get_start(key)
+    }
+
+    /// Continues a lookup with the bytes of the read it asked for.
+    pub fn get_continue(&self, plan: &mut GetPlan, buf: AlignedBuf) -> Result<GetStep> {
+        self.inner.advance(plan, buf)
+    }
+
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        match self.write(key, value, RecordKind::Put, Condition::Always)? {
+            WriteOutcome::Written { version } => Ok(version),
+            WriteOutcome::ConditionFailed { .. } => unreachable!("unconditional write"),
+        }
+    }
+
+    /// Deletes `key` (writes a tombstone; whether it existed is not checked).
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.write(key, &[], RecordKind::Tombstone, Condition::Always).map(|_| ())
+    }
+
+    /// Writes (or, with `RecordKind::Tombstone`, deletes) when `condition` holds.
+    pub fn write(&self, key: &[u8], value: &[u8], kind: RecordKind, condition: Condition) -> Result<WriteOutcome> {
+        self.inner.write(key, value, kind, condition)
+    }
+
+    /// Makes every write acknowledged before this call durable.
+    pub fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// Every live block's Bloom filter, re-read from the summaries on flash (for the index
+    /// benchmark; the engine itself keeps only the bit-sliced map in RAM).
+    pub fn block_filters(&self) -> Result<Vec<(u32, BloomFilter)>> {
+        let live: Vec<Arc<BlockIndex>> = self.inner.slots.lock().live.values().cloned().collect();
+        let mut out = Vec::new();
+        for block in live {
+            if let Some((_, filter)) = self.inner.read_block_summary(block.slot)? {
+                out.push((block.slot, filter));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The candidate blocks the Bloom Filter Map gives for `key` (in-memory, for benchmarks).
+    pub fn bfm_candidates(&self, key: &[u8], out: &mut Vec<u32>) {
+        let hash = KeyHash::of(key);
+        let p = hash.partition(self.inner.sb.partitions) as usize;
+        self.inner.partitions[p].state.read().bfm.candidates(&hash, out);
+    }
+
+    /// Syncs and closes this handle (other clones stay open). Dropping the last handle also
+    /// syncs, but can only log a failure.
+    pub fn close(self) -> Result<()> {
+        self.inner.sync()
+    }
+
+    /// The I/O seam's alignment, for callers issuing their own reads.
+    pub fn read_alignment_bytes(&self) -> usize {
+        self.inner.geo.sector
+    }
+}
+
+/// Starts `count` threads that seal frozen write buffers; 0 keeps sealing on writer threads.
+fn spawn_sealers(inner: &Arc<Inner>, count: usize) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<SealMsg>();
+    let rx = Arc::new(StdMutex::new(rx));
+    let mut threads = Vec::with_capacity(count);
+    for i in 0..count {
+        let (inner, rx) = (Arc::clone(inner), Arc::clone(&rx));
+        let thread = std::thread::Builder::new().name(format!("kura-seal-{i}")).spawn(move || {
+            loop {
+                let msg = rx.lock().expect("seal queue poisoned").recv();
+                match msg {
+                    Ok(SealMsg::Seal { partition, slot, frozen, ticket }) => inner.finish_seal(partition, slot, frozen, ticket),
+                    Ok(SealMsg::Stop) | Err(_) => return,
+                }
+            }
+        });
+        threads.push(thread.map_err(|source| Error::Io { op: "spawn sealer thread", offset_bytes: 0, source })?);
+    }
+    *inner.seal_tx.lock() = Some(tx);
+    Ok(threads)
+}
+
+/// Computes the geometry of a new store on a device of `device_bytes`.
+fn layout(device_bytes: u64, config: &EngineConfig) -> Result<Superblock> {
+    let page = u64::from(config.page_size_bytes);
+    let block = u64::from(config.block_size_bytes);
+    let journal_offset = META_REGION_BYTES.next_multiple_of(page);
+    let estimate_blocks = (device_bytes.saturating_sub(journal_offset) / block) as u32;
+    let partitions = config.partitions_for(estimate_blocks);
+    let journal_pages = if config.journal_logical_pages != 0 {
+        config.journal_logical_pages
+    } else {
+        (2 * u64::from(partitions) * (block / page) + 64).min(u64::from(u32::MAX)) as u32
+    };
+    let blocks_offset = (journal_offset + 2 * u64::from(journal_pages) * page).next_multiple_of(BLOCK_REGION_ALIGNMENT_BYTES.max(page));
+    let block_count = (device_bytes.saturating_sub(blocks_offset) / block) as u32;
+    let needed = 2 * partitions + 2 + GC_RESERVE_SLOTS as u32;
+    if block_count < needed {
+        return Err(Error::InvalidConfig(format!(
+            "{device_bytes} bytes hold only {block_count} blocks of {block} bytes after a {} byte journal; {partitions} partitions need at least {needed}",
+            blocks_offset
+        )));
+    }
+    let sb = Superblock {
+        store_id: random_u64(),
+        created_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        device_size_bytes: device_bytes,
+        page_size_bytes: config.page_size_bytes,
+        block_size_bytes: config.block_size_bytes,
+        block_count,
+        partitions,
+        journal_offset_bytes: journal_offset,
+        journal_logical_pages: journal_pages,
+        blocks_offset_bytes: blocks_offset,
+        mode: config.mode.unwrap_or(Mode::Cache),
+        index_bits_per_key: config.index_bits_per_key,
+        fingerprint_bits: config.fingerprint_bits,
+    };
+    sb.validate().map_err(|e| Error::InvalidConfig(e.to_string()))?;
+    Ok(sb)
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `len` bytes into the valid buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n == 8 {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+fn read_superblock(device: &dyn Device) -> Result<Superblock> {
+    let mut region = AlignedBuf::zeroed(2 * META_PAGE_SIZE_BYTES as usize);
+    if device.len_bytes() < META_REGION_BYTES {
+        return Err(Error::NotAKuraStore { path: String::new() });
+    }
+    device.read_at(0, &mut region).map_err(|source| Error::Io { op: "read superblock", offset_bytes: 0, source })?;
+    let mut last_error = None;
+    for offset in SUPERBLOCK_OFFSETS_BYTES {
+        let page = &region[offset as usize..offset as usize + META_PAGE_SIZE_BYTES as usize];
+        match Superblock::decode(page) {
+            Ok(sb) if sb.device_size_bytes <= device.len_bytes() => return Ok(sb),
+            Ok(sb) => {
+                return Err(Error::Corrupt {
+                    what: "superblock (device smaller than the store)",
+                    offset_bytes: offset,
+                    source: FormatError::OutOfRange { field: "device_size_bytes", value: sb.device_size_bytes },
+                });
+            }
+            Err(e) => last_error = Some((offset, e)),
+        }
+    }
+    match last_error {
+        Some((offset, e @ (FormatError::BadChecksum | FormatError::UnsupportedVersion(_) | FormatError::OutOfRange { .. }))) => {
+            Err(Error::Corrupt { what: "superblock", offset_bytes: offset, source: e })
+        }
+        _ => Err(Error::NotAKuraStore { path: String::new() }),
+    }
+}
+
+fn read_checkpoint(device: &dyn Device, sb: &Superblock) -> Checkpoint {
+    let mut best = Checkpoint { seq: 0, watermarks: vec![0; sb.partitions as usize] };
+    for offset in CHECKPOINT_OFFSETS_BYTES {
+        let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
+        if device.read_at(offset, &mut page).is_err() {
+            continue;
+        }
+        if let Ok(cp) = Checkpoint::decode(&page, sb.store_id)
+            && cp.seq > best.seq
+            && cp.watermarks.len() == sb.partitions as usize
+        {
+            best = cp;
+        }
+    }
+    best
+}
+
+impl Inner {
+    fn new(device: Arc<dyn Device>, sb: Superblock, geo: BlockGeometry, config: &EngineConfig, checkpoint: Checkpoint) -> Self {
+        let partitions = (0..sb.partitions)
+            .map(|_| Partition {
+                state: RwLock::new(PartitionState {
+                    active: WriteBuffer::new(&geo),
+                    sealing: None,
+                    blocks: BlockTable::new(sb.block_count),
+                    bfm: BloomFilterMap::new(),
+                    journal_first_active: None,
+                    journal_first_sealing: None,
+                }),
+            })
+            .collect();
+        Self {
+            journal: Mutex::new(JournalState { writer: JournalWriter::new(&sb, 0, 0) }),
+            slots: Mutex::new(Slots { free: Vec::new(), by_age: BTreeSet::new(), live: HashMap::new() }),
+            device,
+            geo,
+            key_size_max: config.key_size_max,
+            value_size_max_bytes: config.value_size_max_bytes,
+            partitions,
+            last_version: AtomicU64::new(0),
+            last_block_seq: AtomicU64::new(0),
+            checkpoint: Mutex::new(checkpoint),
+            gc_lock: Mutex::new(()),
+            stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
+            seals: Seals { state: StdMutex::new((0, BTreeSet::new())), done: StdCondvar::new() },
+            counters: Counters::default(),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            images: Mutex::new(Vec::new()),
+            spare_arenas: Mutex::new(Vec::new()),
+            seal_tx: Mutex::new(None),
+            sb,
+        }
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::KeyEmpty);
+        }
+        if key.len() > self.key_size_max {
+            return Err(Error::KeyTooLong { len: key.len(), max: self.key_size_max });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            let why = self.failure.lock().clone().unwrap_or_default();
+            return Err(Error::Failed(why));
+        }
+        Ok(())
+    }
+
+    /// Stops accepting writes after an I/O failure on the write path: what was acknowledged
+    /// stays readable, and a restart recovers from the last durable state.
+    fn fail(&self, error: &Error) {
+        tracing::error!(%error, "write path failed; the engine now refuses writes");
+        self.failure.lock().get_or_insert_with(|| error.to_string());
+        self.failed.store(true, Ordering::Release);
+        self.seals.done.notify_all();
+    }
+
+    fn io<T>(&self, op: &'static str, offset_bytes: u64, result: std::io::Result<T>) -> Result<T> {
+        result.map_err(|source| Error::Io { op, offset_bytes, source })
+    }
+
+    // ---- reads ----
+
+    fn get(&self, key: &[u8]) -> Result<Option<Item>> {
+        let (mut plan, mut step) = self.get_start(key)?;
+        loop {
+            match step {
+                GetStep::Done(item) => return Ok(item),
+                GetStep::Read { offset_bytes, len_bytes } => {
+                    let mut buf = AlignedBuf::zeroed(len_bytes);
+                    self.io("read", offset_bytes, self.device.read_at(offset_bytes, &mut buf))?;
+                    step = self.advance(&mut plan, buf)?;
+                }
+            }
+        }
+    }
+
+    fn get_start(&self, key: &[u8]) -> Result<(GetPlan, GetStep)> {
+        self.check_key(key)?;
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), spans: Vec::new(), next: 0, restarts: 0 };
+        let step = self.plan(&mut plan);
+        Ok((plan, step))
+    }
+
+    /// Looks in RAM (buffers, Bloom Filter Map, page indexes) and fills `plan.spans`.
+    fn plan(&self, plan: &mut GetPlan) -> GetStep {
+        plan.spans.clear();
+        plan.next = 0;
+        let p = plan.hash.partition(self.sb.partitions) as usize;
+        let state = self.partitions[p].state.read();
+        let buffers = std::iter::once(&state.active).chain(state.sealing.as_deref());
+        for buffer in buffers {
+            if let Some(found) = buffer.get(&plan.hash, &plan.key) {
+                self.counters.get_hits_ram.fetch_add(1, Ordering::Relaxed);
+                return GetStep::Done((found.kind == RecordKind::Put).then(|| Item { version: found.version, value: ValueBytes::Owned(found.value.to_vec()) }));
+            }
+        }
+        let mut ids = Vec::with_capacity(16);
+        state.bfm.candidates(&plan.hash, &mut ids);
+        let mut spans = Vec::new();
+        for id in ids {
+            let Some((block, _)) = state.blocks.get(id) else { continue };
+            spans.clear();
+            block.locate(&plan.hash, &mut spans);
+            plan.spans.extend(spans.iter().map(|s| (Arc::clone(block), *s)));
+        }
+        drop(state);
+        // Newest block first; spans of one block keep their order (stable sort).
+        plan.spans.sort_by_key(|(b, _)| std::cmp::Reverse(b.order_key()));
+        self.next_read(plan)
+    }
+
+    fn next_read(&self, plan: &GetPlan) -> GetStep {
+        match plan.spans.get(plan.next) {
+            Some((_, span)) => GetStep::Read { offset_bytes: span.offset_bytes, len_bytes: span.len_bytes as usize },
+            None => GetStep::Done(None),
+        }
+    }
+
+    fn advance(&self, plan: &mut GetPlan, buf: AlignedBuf) -> Result<GetStep> {
+        let (block, span) = plan.spans.get(plan.next).cloned().expect("get_continue called after Done");
+        self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.flash_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        assert_eq!(buf.len(), span.len_bytes as usize, "read length differs from the span asked for");
+        match block::find_in_span(&span, &buf, self.sb.store_id, block.block_seq, &plan.key) {
+            Ok(SpanLookup::Found { version, kind, value_start, value_len }) => {
+                let item = (kind == RecordKind::Put).then_some(Item { version, value: ValueBytes::Read { buf, start: value_start, len: value_len } });
+                Ok(GetStep::Done(item))
+            }
+            Ok(SpanLookup::NotHere) => {
+                plan.next += 1;
+                Ok(self.next_read(plan))
+            }
+            Err(SpanError::Stale) => self.restart(plan),
+            Err(SpanError::Corrupt(_)) if block.retired.load(Ordering::Acquire) => self.restart(plan),
+            Err(SpanError::Corrupt(source)) => Err(Error::Corrupt { what: "block page", offset_bytes: span.offset_bytes, source }),
+        }
+    }
+
+    fn restart(&self, plan: &mut GetPlan) -> Result<GetStep> {
+        plan.restarts += 1;
+        if plan.restarts > GET_RESTARTS_MAX {
+            return Err(Error::Corrupt { what: "block slot keeps changing under a lookup", offset_bytes: 0, source: FormatError::BadMagic });
+        }
+        Ok(self.plan(plan))
+    }
+
+    /// Whether a sealed block searched before `above` holds the key (any version, hence a newer
+    /// one). Write buffers do not count: their records are not durable until sealed, and a GC
+    /// that dropped a record for one would lose both versions in a crash.
+    fn newer_version_sealed(&self, p: usize, hash: &KeyHash, key: &[u8], above: (u64, u64)) -> Result<bool> {
+        let spans: Vec<(Arc<BlockIndex>, Span)> = {
+            let state = self.partitions[p].state.read();
+            let mut ids = Vec::new();
+            state.bfm.candidates(hash, &mut ids);
+            let mut spans = Vec::new();
+            for id in ids {
+                if let Some((b, _)) = state.blocks.get(id).filter(|(b, _)| b.order_key() > above) {
+                    let mut found = Vec::new();
+                    b.locate(hash, &mut found);
+                    spans.extend(found.into_iter().map(|s| (Arc::clone(b), s)));
+                }
+            }
+            spans
+        };
+        for (block, span) in spans {
+            let mut buf = AlignedBuf::zeroed(span.len_bytes as usize);
+            self.io("gc liveness read", span.offset_bytes, self.device.read_at(span.offset_bytes, &mut buf))?;
+            self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+            match block::find_in_span(&span, &buf, self.sb.store_id, block.block_seq, key) {
+                Ok(SpanLookup::Found { .. }) => return Ok(true),
+                Ok(SpanLookup::NotHere) | Err(SpanError::Stale) => {}
+                Err(SpanError::Corrupt(source)) => return Err(Error::Corrupt { what: "block page", offset_bytes: span.offset_bytes, source }),
+            }
+        }
+        Ok(false)
+    }
+
+    // ---- writes ----
+
+    fn write(&self, key: &[u8], value: &[u8], kind: RecordKind, condition: Condition) -> Result<WriteOutcome> {
+        self.check_key(key)?;
+        if value.len() > self.value_size_max_bytes {
+            return Err(Error::ValueTooLarge { len: value.len(), max: self.value_size_max_bytes });
+        }
+        self.check_writable()?;
+        let hash = KeyHash::of(key);
+        let _stripe = self.stripes[(hash.bloom as usize) % WRITE_STRIPES].lock();
+        if condition != Condition::Always {
+            let current = self.get(key)?.map(|item| item.version);
+            let holds = match condition {
+                Condition::Always => true,
+                Condition::IfAbsent => current.is_none(),
+                Condition::IfPresent => current.is_some(),
+                Condition::IfVersion(v) => current == Some(v),
+            };
+            if !holds {
+                return Ok(WriteOutcome::ConditionFailed { current });
+            }
+        }
+        let version = self.insert(&hash, key, value, kind, None)?;
+        match kind {
+            RecordKind::Put => self.counters.puts.fetch_add(1, Ordering::Relaxed),
+            RecordKind::Tombstone => self.counters.deletes.fetch_add(1, Ordering::Relaxed),
+        };
+        Ok(WriteOutcome::Written { version })
+    }
+
+    /// Puts a record into its partition's buffer, sealing the buffer when it is full.
+    /// `version` is given when replaying the journal.
+    fn insert(&self, hash: &KeyHash, key: &[u8], value: &[u8], kind: RecordKind, version: Option<u64>) -> Result<u64> {
+        let p = hash.partition(self.sb.partitions) as usize;
+        loop {
+            {
+                let mut state = self.partitions[p].state.write();
+                let was_empty = state.active.is_empty();
+                let assign = || version.unwrap_or_else(|| self.last_version.fetch_add(1, Ordering::AcqRel) + 1);
+                match state.active.insert(hash, key, value, kind, assign) {
+                    Ok(v) => return Ok(v),
+                    Err(BufferFull) if was_empty => {
+                        return Err(Error::ValueTooLarge { len: value.len(), max: self.geo.block_size / 4 });
+                    }
+                    Err(BufferFull) => {}
+                }
+            }
+            self.seal_partition(p)?;
+            self.check_writable()?;
+        }
+    }
+
+    /// Seals partition `p`'s buffer into a block (or waits for a seal already running).
+    fn seal_partition(&self, p: usize) -> Result<()> {
+        self.seal_partition_for(p, SlotPurpose::Seal)
+    }
+
+    fn seal_partition_for(&self, p: usize, purpose: SlotPurpose) -> Result<()> {
+        if self.partitions[p].state.read().sealing.is_some() {
+            return self.wait_for_partition_seal(p);
+        }
+        let slot = self.reserve_slot(purpose)?;
+        let frozen = {
+            let mut state = self.partitions[p].state.write();
+            if state.sealing.is_some() || state.active.is_empty() {
+                drop(state);
+                self.slots.lock().free.push(slot);
+                return Ok(());
+            }
+            let fresh = WriteBuffer::with_arena(&self.geo, self.spare_arenas.lock().pop().unwrap_or_default());
+            let frozen = Arc::new(std::mem::replace(&mut state.active, fresh));
+            state.sealing = Some(Arc::clone(&frozen));
+            state.journal_first_sealing = state.journal_first_active.take();
+            frozen
+        };
+        let ticket = self.seals.begin();
+        let sender = self.seal_tx.lock().clone();
+        match sender {
+            Some(tx) => {
+                if let Err(std::sync::mpsc::SendError(SealMsg::Seal { partition, slot, frozen, ticket })) = tx.send(SealMsg::Seal { partition: p, slot, frozen, ticket }) {
+                    self.finish_seal(partition, slot, frozen, ticket);
+                }
+                Ok(())
+            }
+            None => {
+                self.finish_seal(p, slot, frozen, ticket);
+                self.check_writable()
+            }
+        }
+    }
+
+    /// Writes a frozen buffer as a block and publishes it (on a sealer thread, or inline).
+    fn finish_seal(&self, p: usize, slot: u32, frozen: Arc<WriteBuffer>, ticket: u64) {
+        match self.seal_buffer(p, slot, &frozen) {
+            Ok(()) => {
+                let done = {
+                    let mut state = self.partitions[p].state.write();
+                    state.journal_first_sealing = None;
+                    state.sealing.take()
+                };
+                drop(frozen);
+                // Nobody else holds the frozen buffer once it left the partition: reuse its arena.
+                if let Some(arena) = done.and_then(|b| Arc::try_unwrap(b).ok()).map(WriteBuffer::into_arena) {
+                    self.spare_arenas.lock().push(arena);
+                }
+            }
+            Err(error) => {
+                self.slots.lock().free.push(slot);
+                self.fail(&error);
+            }
+        }
+        self.seals.end(ticket);
+    }
+
+    fn wait_for_partition_seal(&self, p: usize) -> Result<()> {
+        let mut guard = self.seals.state.lock().expect("seal lock poisoned");
+        while self.partitions[p].state.read().sealing.is_some() && !self.failed.load(Ordering::Acquire) {
+            guard = self.seals.done.wait_timeout(guard, std::time::Duration::from_millis(50)).expect("seal lock poisoned").0;
+        }
+        drop(guard);
+        self.check_writable()
+    }
+
+    /// Writes a frozen buffer as a block: data and summary, fdatasync, footer, checkpoint.
+    fn seal_buffer(&self, p: usize, slot: u32, frozen: &WriteBuffer) -> Result<()> {
+        let records = frozen.sorted_records();
+        assert_eq!(block::records_fitting(&self.geo, &records), records.len(), "a write buffer outgrew its block");
+        let built = self.write_block(p, slot, BlockKind::Normal, &records)?;
+
+        self.update_checkpoint(p, frozen.max_version())?;
+        self.estimate_dead(p, &records);
+        self.publish(p, built.0, &built.1);
+        self.counters.seals.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Builds and writes one block; returns its index once its footer is written (and the
+    /// data before it durable).
+    fn write_block(&self, p: usize, slot: u32, kind: BlockKind, records: &[RecordRef<'_>]) -> Result<(BlockIndex, BloomFilter)> {
+        let offset = self.sb.block_offset_bytes(slot);
+        let spec = BuildSpec { slot, device_offset_bytes: offset, block_seq: self.last_block_seq.fetch_add(1, Ordering::AcqRel) + 1, partition: p as u32, kind };
+        let mut image = self.images.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(self.geo.block_size));
+        let built = block::build(&self.geo, &spec, records, &mut image);
+        let write = self.device.write_at(offset, &image[..built.write_len]);
+        self.images.lock().push(image);
+        self.io("block write", offset, write)?;
+        self.io("block sync", offset, self.device.sync())?;
+        let footer_offset = offset + self.geo.footer_offset() as u64;
+        self.io("footer write", footer_offset, self.device.write_at(footer_offset, &block::footer_page(&self.geo, &built.footer)))?;
+        // The footer must be durable before a checkpoint may claim the block's records.
+        self.io("footer sync", footer_offset, self.device.sync())?;
+        self.counters.flash_writes.fetch_add(2, Ordering::Relaxed);
+        self.counters.flash_write_bytes.fetch_add((built.write_len + self.geo.page_size) as u64, Ordering::Relaxed);
+        Ok((built.index, built.filter))
+    }
+
+    fn update_checkpoint(&self, p: usize, watermark: u64) -> Result<()> {
+        let mut cp = self.checkpoint.lock();
+        cp.watermarks[p] = cp.watermarks[p].max(watermark);
+        cp.seq += 1;
+        let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
+        cp.encode(self.sb.store_id, &mut page);
+        let offset = CHECKPOINT_OFFSETS_BYTES[(cp.seq % 2) as usize];
+        self.io("checkpoint write", offset, self.device.write_at(offset, &page))?;
+        self.io("checkpoint sync", offset, self.device.sync())?;
+        self.counters.flash_writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Samples a new block's records: one found in an older block makes that block's version
+    /// dead. Feeds GC victim choice and the live-key estimate; never used for correctness.
+    fn estimate_dead(&self, p: usize, records: &[RecordRef<'_>]) {
+        let every = (records.len() / DEAD_SAMPLES_PER_BLOCK).max(1).next_power_of_two() as u64;
+        let samples: Vec<&RecordRef<'_>> = records.iter().filter(|r| r.hash.bloom % every == 0).collect();
+        let mut ids = Vec::new();
+        for batch in samples.chunks(DEAD_SAMPLES_PER_LOCK) {
+            let state = self.partitions[p].state.read();
+            for r in batch {
+                ids.clear();
+                state.bfm.candidates(&r.hash, &mut ids);
+                let newest_older = ids.iter().filter_map(|id| state.blocks.get(*id).map(|(b, _)| b)).filter(|b| b.may_contain(&r.hash)).max_by_key(|b| b.order_key());
+                if let Some(block) = newest_older {
+                    block.dead_records_est.fetch_add(every as u32, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn publish(&self, p: usize, index: BlockIndex, filter: &BloomFilter) {
+        let index = Arc::new(index);
+        {
+            let mut state = self.partitions[p].state.write();
+            let column = state.bfm.insert(index.slot, filter);
+            state.blocks.insert(index.slot, (Arc::clone(&index), column));
+        }
+        let mut slots = self.slots.lock();
+        slots.by_age.insert((index.max_version, index.block_seq, index.slot));
+        slots.live.insert(index.slot, index);
+    }
+
+    /// Removes a block from the index and marks its slot free on the device.
+    fn retire(&self, block: &Arc<BlockIndex>) -> Result<()> {
+        {
+            let mut state = self.partitions[block.partition as usize].state.write();
+            if let Some((_, column)) = state.blocks.remove(block.slot) {
+                state.bfm.remove(column);
+            }
+        }
+        block.retired.store(true, Ordering::Release);
+        let mut page = AlignedBuf::zeroed(self.geo.page_size);
+        Footer::encode_free(self.sb.store_id, &mut page);
+        let offset = block.device_offset_bytes + self.geo.footer_offset() as u64;
+        self.io("free footer write", offset, self.device.write_at(offset, &page))?;
+        self.io("free footer sync", offset, self.device.sync())?;
+        let mut slots = self.slots.lock();
+        slots.by_age.remove(&(block.max_version, block.block_seq, block.slot));
+        slots.live.remove(&block.slot);
+        slots.free.push(block.slot);
+        Ok(())
+    }
+
+    fn reserve_slot(&self, purpose: SlotPurpose) -> Result<u32> {
+        let mut flushed = vec![false; self.partitions.len()];
+        loop {
+            {
+                let mut slots = self.slots.lock();
+                let keep = match (self.sb.mode, purpose) {
+                    (Mode::Cache, _) => 0,
+                    (Mode::Store, SlotPurpose::Seal) => GC_RESERVE_SLOTS,
+                    (Mode::Store, SlotPurpose::SealDeletions) => GC_RESERVE_SLOTS - 1,
+                };
+                if slots.free.len() > keep {
+                    return Ok(slots.free.pop().expect("non-empty"));
+                }
+            }
+            match (self.sb.mode, purpose) {
+                (Mode::Cache, _) => self.evict_oldest()?,
+                (Mode::Store, SlotPurpose::SealDeletions) => return Err(self.store_full()),
+                (Mode::Store, SlotPurpose::Seal) => {
+                    if self.collect_garbage()? {
+                        continue;
+                    }
+                    // Blocks being sealed may hold the tombstones or newer versions that make
+                    // records dead: let them land, then try once more.
+                    self.seals.wait_for_started_before_now();
+                    if self.collect_garbage()? {
+                        continue;
+                    }
+                    // Deletions still in write buffers free nothing until sealed: seal them
+                    // into the reserve, then collect again.
+                    let Some(q) = (0..self.partitions.len()).find(|&q| !flushed[q] && self.partitions[q].state.read().active.tombstones() > 0) else {
+                        return Err(self.store_full());
+                    };
+                    flushed[q] = true;
+                    self.seal_partition_for(q, SlotPurpose::SealDeletions)?;
+                    self.seals.wait_for_started_before_now();
+                }
+            }
+        }
+    }
+
+    fn store_full(&self) -> Error {
+        let stats = self.stats();
+        Error::StoreFull { live_bytes: stats.bytes_live_estimate, capacity_bytes: stats.capacity_bytes }
+    }
+
+    /// Cache mode: drops the oldest block whole.
+    fn evict_oldest(&self) -> Result<()> {
+        let victim = {
+            let mut slots = self.slots.lock();
+            let Some(&oldest) = slots.by_age.iter().next() else {
+                return if slots.free.is_empty() { Err(Error::InvalidConfig("store too small for its partitions".into())) } else { Ok(()) };
+            };
+            slots.by_age.remove(&oldest);
+            slots.live.get(&oldest.2).cloned()
+        };
+        if let Some(block) = victim {
+            self.retire(&block)?;
+            self.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
+            self.counters.evicted_records.fetch_add(u64::from(block.live_records_est()), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    // ---- garbage collection (store mode) ----
+
+    /// Moves the live records of the emptiest blocks of one partition into fewer new blocks.
+    /// Candidates are chosen by estimate, then examined exactly; returns whether a block slot
+    /// was freed.
+    fn collect_garbage(&self) -> Result<bool> {
+        let _gc = self.gc_lock.lock();
+        if self.slots.lock().free.len() > GC_RESERVE_SLOTS {
+            return Ok(true);
+        }
+        let mut examined = 0;
+        for (p, candidates) in self.gc_candidates() {
+            let mut victims: Vec<(Arc<BlockIndex>, Vec<OwnedRecord>)> = Vec::new();
+            let mut tally = block::Tally::default();
+            for block in candidates {
+                if examined == GC_EXAMINE_MAX {
+                    return Ok(false);
+                }
+                examined += 1;
+                let mut live = Vec::new();
+                self.collect_live(p, &block, &mut live)?;
+                block.dead_records_est.store(block.record_count - live.len() as u32, Ordering::Relaxed);
+                live.iter().for_each(|r| tally.add(&self.geo, r.key.len(), r.value.len()));
+                victims.push((block, live));
+                let room = (victims.len() - 1) * self.geo.block_size * 9 / 10;
+                if tally.records == 0 || self.geo.sealed_bytes_bound(&tally) <= room {
+                    self.compact_into_new_blocks(p, victims)?;
+                    return Ok(true);
+                }
+                if victims.len() == GC_VICTIMS_MAX {
+                    break;
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Blocks worth examining, grouped by partition (most estimated dead space first), each
+    /// group emptiest first.
+    fn gc_candidates(&self) -> Vec<(usize, Vec<Arc<BlockIndex>>)> {
+        let blocks: Vec<Arc<BlockIndex>> = self.slots.lock().live.values().cloned().collect();
+        let capacity = self.geo.block_size as f64;
+        // Estimates change under concurrent seals: read each once, then sort on the snapshot.
+        let mut groups: HashMap<u32, Vec<(f64, Arc<BlockIndex>)>> = HashMap::new();
+        for b in blocks {
+            let live = b.data_end_bytes as f64 * f64::from(b.live_records_est()) / f64::from(b.record_count.max(1));
+            if live < GC_LIVE_FRACTION_MAX * capacity {
+                groups.entry(b.partition).or_default().push((live, b));
+            }
+        }
+        let mut groups: Vec<(f64, usize, Vec<(f64, Arc<BlockIndex>)>)> = groups
+            .into_iter()
+            .map(|(p, mut group)| {
+                group.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let dead: f64 = group.iter().map(|(live, _)| capacity - live).sum();
+                (dead, p as usize, group)
+            })
+            .collect();
+        groups.sort_by(|a, b| b.0.total_cmp(&a.0));
+        groups.into_iter().map(|(_, p, group)| (p, group.into_iter().map(|(_, b)| b).collect())).collect()
+    }
+
+    /// Writes the victims' live records into new blocks, in victim order, retiring each victim
+    /// as soon as all its records are written, so one free slot is always enough.
+    fn compact_into_new_blocks(&self, p: usize, victims: Vec<(Arc<BlockIndex>, Vec<OwnedRecord>)>) -> Result<()> {
+        self.counters.gc_runs.fetch_add(1, Ordering::Relaxed);
+        let victim_count = victims.len();
+        let mut queue: Vec<(usize, OwnedRecord)> = Vec::new();
+        let mut blocks = Vec::new();
+        for (i, (block, live)) in victims.into_iter().enumerate() {
+            queue.extend(live.into_iter().map(|r| (i, r)));
+            blocks.push(block);
+        }
+        let moved = queue.len();
+        let (mut outputs, mut retired, mut start) = (0, 0, 0);
+        while start < queue.len() {
+            let mut chunk: Vec<RecordRef<'_>> = queue[start..].iter().map(|(_, r)| r.as_ref()).collect();
+            let n = block::records_fitting(&self.geo, &chunk);
+            chunk.truncate(n);
+            chunk.sort_unstable_by(block::record_order);
+            let slot = self.slots.lock().free.pop().ok_or_else(|| Error::Failed("garbage collection has no free slot".into()))?;
+            let (index, filter) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
+            self.publish(p, index, &filter);
+            outputs += 1;
+            start += n;
+            let written_through = if start < queue.len() { queue[start].0 } else { blocks.len() };
+            while retired < written_through {
+                self.retire(&blocks[retired])?;
+                retired += 1;
+            }
+        }
+        while retired < blocks.len() {
+            self.retire(&blocks[retired])?;
+            retired += 1;
+        }
+        self.counters.gc_records_moved.fetch_add(moved as u64, Ordering::Relaxed);
+        self.counters.gc_blocks_freed.fetch_add(victim_count.saturating_sub(outputs) as u64, Ordering::Relaxed);
+        tracing::debug!(victims = victim_count, outputs, moved, "garbage collection pass");
+
+        Ok(())
+    }
+
+    /// Reads a victim block and keeps the records that are still the newest of their keys.
+    fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, out: &mut Vec<OwnedRecord>) -> Result<()> {
+        let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector);
+        let mut data = AlignedBuf::zeroed(len.max(self.geo.sector));
+        self.io("gc read", victim.device_offset_bytes, self.device.read_at(victim.device_offset_bytes, &mut data))?;
+        self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+        let mut found: Vec<OwnedRecord> = Vec::new();
+        for span in victim.all_spans() {
+            let start = (span.offset_bytes - victim.device_offset_bytes) as usize;
+            let bytes = &data[start..start + span.len_bytes as usize];
+            block::visit_span(&span, bytes, self.sb.store_id, victim.block_seq, |header, key, value_at| {
+                found.push(OwnedRecord::new(header, key, &bytes[value_at..value_at + header.value_len as usize]));
+                true
+            })
+            .map_err(|e| match e {
+                SpanError::Corrupt(source) => Error::Corrupt { what: "block being collected", offset_bytes: span.offset_bytes, source },
+                SpanError::Stale => Error::Corrupt { what: "block being collected changed", offset_bytes: span.offset_bytes, source: FormatError::BadMagic },
+            })?;
+        }
+        for record in found {
+            if self.newer_version_sealed(p, &record.hash, &record.key, victim.order_key())? {
+                continue;
+            }
+            if record.kind == RecordKind::Tombstone && !self.older_block_may_contain(p, &record.hash, victim.order_key()) {
+                continue;
+            }
+            out.push(record);
+        }
+        Ok(())
+    }
+
+    fn older_block_may_contain(&self, p: usize, hash: &KeyHash, below: (u64, u64)) -> bool {
+        let state = self.partitions[p].state.read();
+        let mut ids = Vec::new();
+        state.bfm.candidates(hash, &mut ids);
+        ids.iter().filter_map(|id| state.blocks.get(*id)).any(|(b, _)| b.order_key() < below && b.may_contain(hash))
+    }
+
+    // ---- sync ----
+
+    fn sync(&self) -> Result<()> {
+        self.check_writable()?;
+        self.seals.wait_for_started_before_now();
+        self.check_writable()?;
+        let mut journal = self.journal.lock();
+        let mut staged: Vec<(JournalEntryHeader, Vec<u8>)> = Vec::new();
+        for (p, partition) in self.partitions.iter().enumerate() {
+            let mut state = partition.state.write();
+            let pending = state.active.take_pending();
+            if pending.is_empty() {
+                continue;
+            }
+            if state.journal_first_active.is_none() {
+                state.journal_first_active = Some(journal.writer.head());
+            }
+            for offset in pending {
+                let r = state.active.record_at(offset);
+                let header = JournalEntryHeader { partition: p as u16, record: RecordHeader { version: r.version, value_len: r.value.len() as u32, key_len: r.key.len() as u8, kind: r.kind } };
+                staged.push((header, [r.key, r.value].concat()));
+            }
+        }
+        let bytes: usize = staged.iter().map(|(_, kv)| JournalWriter::entry_bytes(kv.len(), 0)).sum();
+        self.make_journal_room(&mut journal, bytes)?;
+        for (header, kv) in &staged {
+            let key_len = usize::from(header.record.key_len);
+            journal.writer.append(header, &kv[..key_len], &kv[key_len..]);
+        }
+        let flushed = journal.writer.flush(self.device.as_ref()).and_then(|()| self.io("journal sync", 0, self.device.sync()));
+        if let Err(error) = &flushed {
+            self.fail(error);
+        }
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        flushed
+    }
+
+    /// Seals the partitions holding the oldest journal pages until `bytes` more fit the ring.
+    fn make_journal_room(&self, journal: &mut JournalState, bytes: usize) -> Result<()> {
+        let capacity = journal.writer.logical_pages();
+        loop {
+            let head_after = journal.writer.head_after(bytes);
+            let tail = self.journal_tail().unwrap_or(journal.writer.head());
+            if head_after < tail + capacity {
+                return Ok(());
+            }
+            let oldest = self.partitions.iter().position(|part| {
+                let s = part.state.read();
+                s.journal_first_active == Some(tail) || s.journal_first_sealing == Some(tail)
+            });
+            let Some(p) = oldest else { return Err(Error::InvalidConfig("journal too small for one sync".into())) };
+            tracing::debug!(partition = p, "sealing a partition early to free journal space");
+            self.seal_partition(p)?;
+            self.seals.wait_for_started_before_now();
+        }
+    }
+
+    fn journal_tail(&self) -> Option<u64> {
+        self.partitions
+            .iter()
+            .flat_map(|part| {
+                let s = part.state.read();
+                [s.journal_first_active, s.journal_first_sealing]
+            })
+            .flatten()
+            .min()
+    }
+
+    // ---- recovery ----
+
+    /// Reads every block's footer and summary and rebuilds the RAM index.
+    fn load_blocks(&self) -> Result<usize> {
+        let sb = &self.sb;
+        let mut footers = Vec::new();
+        let footer_offset = |slot: u32| sb.block_offset_bytes(slot) + self.geo.footer_offset() as u64;
+        self.read_batch((0..sb.block_count).map(|slot| (footer_offset(slot), self.geo.page_size, u64::from(slot))), |slot, result| {
+            let slot = slot as u32;
+            let page = self.io("footer read", footer_offset(slot), result)?;
+            match Footer::decode(&page, sb.store_id, u64::from(sb.block_size_bytes)) {
+                Ok(Some(footer)) => footers.push((slot, footer)),
+                Ok(None) => {}
+                Err(error) => tracing::debug!(slot, %error, "ignoring a damaged footer (an interrupted seal)"),
+            }
+            Ok(())
+        })?;
+        let mut loaded = Vec::new();
+        let reads = footers.iter().map(|(slot, f)| {
+            let start = sb.block_offset_bytes(*slot) + f.summary_offset_bytes;
+            let len = (f.summary_len_bytes as usize).next_multiple_of(self.geo.page_size);
+            (start, len, u64::from(*slot))
+        });
+        let by_slot: HashMap<u32, Footer> = footers.iter().copied().collect();
+        self.read_batch(reads, |slot, result| {
+            let slot = slot as u32;
+            let footer = &by_slot[&slot];
+            let offset = sb.block_offset_bytes(slot);
+            let bytes = self.io("summary read", offset, result)?;
+            match block::open_summary(&self.geo, slot, offset, footer, &bytes[..footer.summary_len_bytes as usize]) {
+                Ok(found) => loaded.push(found),
+                Err(source) if sb.mode == Mode::Store => return Err(Error::Corrupt { what: "block summary", offset_bytes: offset + footer.summary_offset_bytes, source }),
+                Err(error) => tracing::warn!(slot, %error, "dropping a block whose summary is corrupt (cache mode)"),
+            }
+            Ok(())
+        })?;
+        let count = loaded.len();
+        let mut watermarks = self.checkpoint.lock().watermarks.clone();
+        for (index, _) in &loaded {
+            if index.kind == BlockKind::Normal {
+                let w = &mut watermarks[index.partition as usize];
+                *w = (*w).max(index.max_version);
+            }
+            self.last_version.fetch_max(index.max_version, Ordering::AcqRel);
+            self.last_block_seq.fetch_max(index.block_seq, Ordering::AcqRel);
+        }
+        // Versions at or below a watermark may live only in blocks GC has since rewritten:
+        // new versions must start above every watermark, or replay would skip them.
+        for &w in &watermarks {
+            self.last_version.fetch_max(w, Ordering::AcqRel);
+        }
+        self.checkpoint.lock().watermarks = watermarks;
+        let mut used = vec![false; sb.block_count as usize];
+        for (index, filter) in loaded {
+            used[index.slot as usize] = true;
+            if index.partition >= sb.partitions {
+                return Err(Error::Corrupt { what: "block partition", offset_bytes: index.device_offset_bytes, source: FormatError::OutOfRange { field: "partition", value: u64::from(index.partition) } });
+            }
+            self.publish(index.partition as usize, index, &filter);
+        }
+        self.slots.lock().free = (0..sb.block_count).rev().filter(|&s| !used[s as usize]).collect();
+        Ok(count)
+    }
+
+    /// Issues reads through an io_uring queue and hands each result to `on_done`.
+    fn read_batch(
+        &self,
+        reads: impl Iterator<Item = (u64, usize, u64)>,
+        mut on_done: impl FnMut(u64, std::io::Result<AlignedBuf>) -> Result<()>,
+    ) -> Result<()> {
+        let mut queue = io_queue(&self.device, RECOVERY_QUEUE_DEPTH);
+        let mut done = Vec::new();
+        let mut reads = reads.peekable();
+        while reads.peek().is_some() || queue.in_flight() > 0 {
+            while queue.in_flight() < queue.depth() {
+                let Some((offset, len, token)) = reads.next() else { break };
+                self.io("queue read", offset, queue.submit_read(offset, AlignedBuf::zeroed(len), token))?;
+            }
+            self.io("queue wait", 0, queue.wait(1, &mut done))?;
+            for completion in done.drain(..) {
+                on_done(completion.token, completion.result.map(|()| completion.buf))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts journaled records that no durable block holds back into the write buffers.
+    fn replay_journal(&self) -> Result<usize> {
+        let recovered = journal::recover(self.device.as_ref(), &self.sb, self.value_size_max_bytes)?;
+        let watermarks = self.checkpoint.lock().watermarks.clone();
+        let mut replayed = 0;
+        for entry in &recovered.entries {
+            let p = usize::from(entry.header.partition);
+            let version = entry.header.record.version;
+            self.last_version.fetch_max(version, Ordering::AcqRel);
+            let hash = KeyHash::of(&entry.key);
+            if version <= watermarks[p] || hash.partition(self.sb.partitions) as usize != p {
+                continue;
+            }
+            let newer_in_buffer = self.partitions[p].state.read().active.get(&hash, &entry.key).is_some_and(|f| f.version >= version);
+            if newer_in_buffer {
+                continue;
+            }
+            self.insert(&hash, &entry.key, &entry.value, entry.header.record.kind, Some(version))?;
+            let mut state = self.partitions[p].state.write();
+            let first = state.journal_first_active.get_or_insert(entry.logical_page);
+            *first = (*first).min(entry.logical_page);
+            replayed += 1;
+        }
+        for partition in &self.partitions {
+            partition.state.write().active.take_pending();
+        }
+        let mut journal = self.journal.lock();
+        journal.writer = JournalWriter::new(&self.sb, recovered.next_head, recovered.next_write_seq);
+        if recovered.pages_damaged > 0 {
+            tracing::info!(pages = recovered.pages_damaged, "journal pages from an interrupted sync were ignored");
+        }
+        Ok(replayed)
+    }
+
+    fn read_block_summary(&self, slot: u32) -> Result<Option<(BlockIndex, BloomFilter)>> {
+        let offset = self.sb.block_offset_bytes(slot);
+        let mut page = AlignedBuf::zeroed(self.geo.page_size);
+        let footer_at = offset + self.geo.footer_offset() as u64;
+        self.io("footer read", footer_at, self.device.read_at(footer_at, &mut page))?;
+        let Ok(Some(footer)) = Footer::decode(&page, self.sb.store_id, u64::from(self.sb.block_size_bytes)) else { return Ok(None) };
+        let mut summary = AlignedBuf::zeroed((footer.summary_len_bytes as usize).next_multiple_of(self.geo.page_size));
+        let at = offset + footer.summary_offset_bytes;
+        self.io("summary read", at, self.device.read_at(at, &mut summary))?;
+        Ok(block::open_summary(&self.geo, slot, offset, &footer, &summary[..footer.summary_len_bytes as usize]).ok())
+    }
+
+    // ---- stats ----
+
+    fn stats(&self) -> Stats {
+        let mut ram = RamUsage::default();
+        let (mut buffer_records, mut buffer_tombstones, mut buffer_user_bytes) = (0u64, 0u64, 0u64);
+        for partition in &self.partitions {
+            let s = partition.state.read();
+            ram.bloom_filter_map_bytes += s.bfm.memory_bytes() as u64;
+            ram.block_table_bytes += s.blocks.memory_bytes() as u64;
+            for buffer in std::iter::once(&s.active).chain(s.sealing.as_deref()) {
+                ram.write_buffer_index_bytes += buffer.index_memory_bytes() as u64;
+                ram.write_buffer_data_bytes += buffer.data_memory_bytes() as u64;
+                buffer_records += buffer.len() as u64;
+                buffer_tombstones += buffer.tombstones() as u64;
+                buffer_user_bytes += buffer.user_bytes();
+            }
+        }
+        let slots = self.slots.lock();
+        let (mut records, mut dead, mut tombstones, mut live_bytes, mut dead_bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        for b in slots.live.values() {
+            ram.page_index_bytes += b.memory_bytes() as u64;
+            ram.block_table_bytes += block::BLOCK_TABLE_ENTRY_BYTES as u64;
+            records += u64::from(b.record_count);
+            let d = u64::from(b.record_count - b.live_records_est());
+            dead += d;
+            tombstones += u64::from(b.tombstone_count);
+            let per_record = b.user_bytes / u64::from(b.record_count.max(1));
+            dead_bytes += d * per_record;
+            live_bytes += b.user_bytes.saturating_sub(d * per_record);
+        }
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            keys_estimate: (records + buffer_records).saturating_sub(dead + tombstones + buffer_tombstones),
+            records: records + buffer_records,
+            blocks_total: u64::from(self.sb.block_count),
+            blocks_used: slots.live.len() as u64,
+            blocks_free: slots.free.len() as u64,
+            partitions: u64::from(self.sb.partitions),
+            capacity_bytes: u64::from(self.sb.block_count) * u64::from(self.sb.block_size_bytes),
+            bytes_live_estimate: live_bytes + buffer_user_bytes,
+            bytes_dead_estimate: dead_bytes,
+            gets: load(&c.gets),
+            get_hits_ram: load(&c.get_hits_ram),
+            puts: load(&c.puts),
+            deletes: load(&c.deletes),
+            flash_reads: load(&c.flash_reads),
+            flash_read_bytes: load(&c.flash_read_bytes),
+            flash_writes: load(&c.flash_writes),
+            flash_write_bytes: load(&c.flash_write_bytes),
+            syncs: load(&c.syncs),
+            seals: load(&c.seals),
+            evicted_blocks: load(&c.evicted_blocks),
+            evicted_records_estimate: load(&c.evicted_records),
+            gc_runs: load(&c.gc_runs),
+            gc_records_moved: load(&c.gc_records_moved),
+            gc_blocks_freed: load(&c.gc_blocks_freed),
+            ram,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotPurpose {
+    /// A full write buffer.
+    Seal,
+    /// A buffer sealed early so the deletions in it let garbage collection free space.
+    SealDeletions,
+}
+
+impl Seals {
+    fn begin(&self) -> u64 {
+        let mut s = self.state.lock().expect("seal lock poisoned");
+        s.0 += 1;
+        let ticket = s.0;
+        s.1.insert(ticket);
+        ticket
+    }
+
+    fn end(&self, ticket: u64) {
+        self.state.lock().expect("seal lock poisoned").1.remove(&ticket);
+        self.done.notify_all();
+    }
+
+    /// Waits for every seal that began before this call.
+    fn wait_for_started_before_now(&self) {
+        let mut s = self.state.lock().expect("seal lock poisoned");
+        let last = s.0;
+        while s.1.first().is_some_and(|&t| t <= last) {
+            s = self.done.wait(s).expect("seal lock poisoned");
+        }
+    }
+}
+
+/// A record copied out of a block being collected.
+struct OwnedRecord {
+    hash: KeyHash,
+    version: u64,
+    kind: RecordKind,
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl OwnedRecord {
+    fn new(header: &RecordHeader, key: &[u8], value: &[u8]) -> Self {
+        Self { hash: KeyHash::of(key), version: header.version, kind: header.kind, key: key.to_vec(), value: value.to_vec() }
+    }
+
+    fn as_ref(&self) -> RecordRef<'_> {
+        RecordRef { hash: self.hash, version: self.version, kind: self.kind, key: &self.key, value: &self.value }
+    }
+}

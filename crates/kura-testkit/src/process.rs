@@ -1,0 +1,211 @@
+//! Ports, child processes and required commands.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const WAIT_POLL_INTERVAL_MS: u64 = 20;
+const CONNECT_TIMEOUT_MS: u64 = 200;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it for a listener that
+/// is closed again). Another process may take it before the caller binds it: tests start the
+/// server and then wait with [`wait_for_tcp`], which fails rather than hangs if that happened.
+pub fn free_tcp_port() -> io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Waits until something accepts TCP connections on `addr`, for at most `timeout`.
+pub fn wait_for_tcp(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<()> {
+    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    let Some(&first) = addrs.first() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "address resolves to nothing",
+        ));
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        for a in &addrs {
+            if TcpStream::connect_timeout(a, Duration::from_millis(CONNECT_TIMEOUT_MS)).is_ok() {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("nothing accepted connections on {first} within {timeout:?}"),
+            ));
+        }
+        thread::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS));
+    }
+}
+
+/// The full path of the executable `name`, looked up in `PATH` and then in the sbin
+/// directories (mkfs.*, e2fsck, losetup live there and a user's `PATH` may lack them);
+/// `Err(reason)` for a test to [`skip`](crate::skip) with when it is not installed.
+pub fn require_cmd(name: &str) -> Result<PathBuf, String> {
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    let extra = ["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from);
+    std::env::split_paths(&path_var)
+        .chain(extra)
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(|| {
+            format!("`{name}` is not installed (./scripts/test.sh installs the test tools)")
+        })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// A child process that is killed (SIGKILL) and reaped when the guard is dropped, so a failing
+/// test does not leave servers running.
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Option<Child>,
+    name: String,
+}
+
+impl ChildGuard {
+    /// Spawns `command`. `name` is used in messages.
+    pub fn spawn(name: &str, command: &mut Command) -> io::Result<Self> {
+        let child = command
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot start {name}: {e}")))?;
+        Ok(Self {
+            child: Some(child),
+            name: name.to_owned(),
+        })
+    }
+
+    /// Takes ownership of an already started child.
+    pub fn from_child(name: &str, child: Child) -> Self {
+        Self {
+            child: Some(child),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child().id()
+    }
+
+    pub fn child(&self) -> &Child {
+        self.child
+            .as_ref()
+            .expect("ChildGuard holds its child until dropped")
+    }
+
+    pub fn child_mut(&mut self) -> &mut Child {
+        self.child
+            .as_mut()
+            .expect("ChildGuard holds its child until dropped")
+    }
+
+    /// `Some(status)` if the child has exited (it is then reaped).
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.child_mut().try_wait()
+    }
+
+    /// Sends SIGTERM and waits up to `grace` for the child to exit, then SIGKILLs it. Returns
+    /// its exit status.
+    pub fn terminate(mut self, grace: Duration) -> io::Result<ExitStatus> {
+        let mut child = self
+            .child
+            .take()
+            .expect("ChildGuard holds its child until dropped");
+        if child.try_wait()?.is_none() {
+            let pid = libc::pid_t::try_from(child.id()).expect("Linux pids fit in pid_t");
+            // SAFETY: kill(2) takes plain integers and touches no memory of ours; `pid` is our
+            // own child, not yet reaped (try_wait just said so), so it cannot name another process.
+            let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let deadline = Instant::now() + grace;
+            while child.try_wait()?.is_none() {
+                if Instant::now() >= deadline {
+                    child.kill()?;
+                    break;
+                }
+                thread::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS));
+            }
+        }
+        child.wait()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let pid = child.id();
+                child.kill().unwrap_or_else(|e| {
+                    eprintln!("ChildGuard: cannot kill {} (pid {pid}): {e}", self.name)
+                });
+            }
+            // Reap it; an error here means it is already gone.
+            let _ = child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_port_can_be_bound_and_waited_for() {
+        let port = free_tcp_port().unwrap();
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+        wait_for_tcp(("127.0.0.1", port), Duration::from_secs(5)).unwrap();
+        drop(listener);
+    }
+
+    #[test]
+    fn wait_for_tcp_times_out_on_a_closed_port() {
+        let port = free_tcp_port().unwrap();
+        let err = wait_for_tcp(("127.0.0.1", port), Duration::from_millis(100)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn require_cmd_finds_sh_and_rejects_nonsense() {
+        assert!(require_cmd("sh").unwrap().is_absolute());
+        let reason = require_cmd("kura-no-such-command").unwrap_err();
+        assert!(reason.contains("kura-no-such-command"), "{reason}");
+    }
+
+    #[test]
+    fn child_guard_kills_on_drop() {
+        let guard = ChildGuard::spawn("sleep", Command::new("sleep").arg("1000")).unwrap();
+        let pid = guard.id();
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+        drop(guard);
+        // Reaped by the guard, so the pid is gone (or reused by an unrelated process, which
+        // would not be our `sleep`).
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        assert_ne!(comm.trim(), "sleep");
+    }
+
+    #[test]
+    fn child_guard_terminate_sends_sigterm() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let guard = ChildGuard::spawn("sleep", Command::new("sleep").arg("1000")).unwrap();
+        let status = guard.terminate(Duration::from_secs(5)).unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn spawn_error_names_the_program() {
+        let err = ChildGuard::spawn("ghost", &mut Command::new("/nonexistent/ghost")).unwrap_err();
+        assert!(err.to_string().contains("ghost"), "{err}");
+    }
+}
