@@ -11,7 +11,7 @@ pub const VALUE_SIZE_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// must consider, so misses stay under ~0.05 flash reads).
 pub const BLOCKS_PER_PARTITION_TARGET: u32 = 128;
 pub const PARTITIONS_AUTO_MAX: u32 = 32;
-pub const SEAL_THREADS_DEFAULT: usize = 2;
+pub const SEAL_THREADS_DEFAULT: usize = 4;
 pub const SEAL_THREADS_MAX: usize = 64;
 
 /// How to create or open a store.

@@ -169,7 +169,13 @@ struct Inner {
     last_version: AtomicU64,
     last_block_seq: AtomicU64,
     journal: Mutex<JournalState>,
-    checkpoint: Mutex<Checkpoint>,
+    checkpoint: Mutex<CheckpointState>,
+    /// Device syncs: the ticket of the newest one started, and the highest ticket completed.
+    /// A write that completed when `sync_started` read `t` is durable once `sync_completed > t`.
+    sync_started: AtomicU64,
+    sync_completed: AtomicU64,
+    /// Block footers written but not yet known durable.
+    unconfirmed: Mutex<Vec<Unconfirmed>>,
     gc_lock: Mutex<()>,
     stripes: Box<[Mutex<()>]>,
     seals: Seals,
@@ -237,6 +243,25 @@ struct Slots {
 
 struct JournalState {
     writer: JournalWriter,
+}
+
+/// Watermarks: what sealed blocks durably hold (confirmed), what the last checkpoint page
+/// says (written), and what a checkpoint known to be durable says.
+struct CheckpointState {
+    seq: u64,
+    confirmed: Vec<u64>,
+    written: Vec<u64>,
+    written_ticket: u64,
+    durable: Vec<u64>,
+}
+
+/// A sealed block whose footer is written but not yet known durable: until it is, its
+/// records' journal pages stay pinned and its watermark stays out of checkpoints.
+struct Unconfirmed {
+    ticket: u64,
+    partition: usize,
+    watermark: u64,
+    journal_first: Option<u64>,
 }
 
 /// Seals in flight, so `sync()` can wait for the ones that started before it.
@@ -537,7 +562,16 @@ impl Inner {
             partitions,
             last_version: AtomicU64::new(0),
             last_block_seq: AtomicU64::new(0),
-            checkpoint: Mutex::new(checkpoint),
+            checkpoint: Mutex::new(CheckpointState {
+                seq: checkpoint.seq,
+                confirmed: checkpoint.watermarks.clone(),
+                written: checkpoint.watermarks.clone(),
+                durable: checkpoint.watermarks,
+                written_ticket: 0,
+            }),
+            sync_started: AtomicU64::new(0),
+            sync_completed: AtomicU64::new(0),
+            unconfirmed: Mutex::new(Vec::new()),
             gc_lock: Mutex::new(()),
             stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             seals: Seals { state: StdMutex::new((0, BTreeSet::new())), done: StdCondvar::new() },
@@ -823,22 +857,23 @@ impl Inner {
         self.check_writable()
     }
 
-    /// Writes a frozen buffer as a block: data and summary, fdatasync, footer, checkpoint.
+    /// Writes a frozen buffer as a block: data and summary, fdatasync, footer (durable at the
+    /// next device sync; see `confirm_footers`).
     fn seal_buffer(&self, p: usize, slot: u32, frozen: &WriteBuffer) -> Result<()> {
         let records = frozen.sorted_records();
         assert_eq!(block::records_fitting(&self.geo, &records), records.len(), "a write buffer outgrew its block");
-        let built = self.write_block(p, slot, BlockKind::Normal, &records)?;
-
-        self.update_checkpoint(p, frozen.max_version())?;
+        let (index, filter, ticket) = self.write_block(p, slot, BlockKind::Normal, &records)?;
         self.estimate_dead(p, &records);
-        self.publish(p, built.0, &built.1);
+        let journal_first = self.partitions[p].state.read().journal_first_sealing;
+        self.unconfirmed.lock().push(Unconfirmed { ticket, partition: p, watermark: frozen.max_version(), journal_first });
+        self.publish(p, index, &filter);
         self.counters.seals.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Builds and writes one block; returns its index once its footer is written (and the
-    /// data before it durable).
-    fn write_block(&self, p: usize, slot: u32, kind: BlockKind, records: &[RecordRef<'_>]) -> Result<(BlockIndex, BloomFilter)> {
+    /// Builds and writes one block: data and summary, fdatasync, then the footer. Returns the
+    /// block's index and the sync ticket after which its footer is durable.
+    fn write_block(&self, p: usize, slot: u32, kind: BlockKind, records: &[RecordRef<'_>]) -> Result<(BlockIndex, BloomFilter, u64)> {
         let offset = self.sb.block_offset_bytes(slot);
         let spec = BuildSpec { slot, device_offset_bytes: offset, block_seq: self.last_block_seq.fetch_add(1, Ordering::AcqRel) + 1, partition: p as u32, kind };
         let mut image = self.images.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(self.geo.block_size));
@@ -846,27 +881,80 @@ impl Inner {
         let write = self.device.write_at(offset, &image[..built.write_len]);
         self.images.lock().push(image);
         self.io("block write", offset, write)?;
-        self.io("block sync", offset, self.device.sync())?;
+        // A valid footer must imply a whole block: the data is durable before it is written.
+        self.device_sync("block sync")?;
         let footer_offset = offset + self.geo.footer_offset() as u64;
         self.io("footer write", footer_offset, self.device.write_at(footer_offset, &block::footer_page(&self.geo, &built.footer)))?;
-        // The footer must be durable before a checkpoint may claim the block's records.
-        self.io("footer sync", footer_offset, self.device.sync())?;
+        let ticket = self.sync_started.load(Ordering::SeqCst);
         self.counters.flash_writes.fetch_add(2, Ordering::Relaxed);
         self.counters.flash_write_bytes.fetch_add((built.write_len + self.geo.page_size) as u64, Ordering::Relaxed);
-        Ok((built.index, built.filter))
+        Ok((built.index, built.filter, ticket))
     }
 
-    fn update_checkpoint(&self, p: usize, watermark: u64) -> Result<()> {
+    /// fdatasync with a ticket, so writes can tell when a later sync made them durable.
+    fn device_sync(&self, op: &'static str) -> Result<()> {
+        let ticket = self.sync_started.fetch_add(1, Ordering::SeqCst) + 1;
+        self.io(op, 0, self.device.sync())?;
+        self.sync_completed.fetch_max(ticket, Ordering::SeqCst);
+        self.counters.device_syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Moves footers made durable by a completed sync into the confirmed watermarks (and
+    /// unpins their journal pages); notes a written checkpoint as durable likewise.
+    fn confirm_footers(&self) {
+        let completed = self.sync_completed.load(Ordering::SeqCst);
+        let done: Vec<Unconfirmed> = {
+            let mut pending = self.unconfirmed.lock();
+            let (done, keep) = std::mem::take(&mut *pending).into_iter().partition(|u| u.ticket < completed);
+            *pending = keep;
+            done
+        };
         let mut cp = self.checkpoint.lock();
-        cp.watermarks[p] = cp.watermarks[p].max(watermark);
+        for u in done {
+            cp.confirmed[u.partition] = cp.confirmed[u.partition].max(u.watermark);
+        }
+        if cp.written_ticket < completed {
+            cp.durable = cp.written.clone();
+        }
+    }
+
+    /// Writes a checkpoint of the confirmed watermarks if it would say something new; it is
+    /// durable after the next device sync.
+    fn write_checkpoint_if_stale(&self) -> Result<()> {
+        let mut cp = self.checkpoint.lock();
+        if cp.confirmed == cp.written {
+            return Ok(());
+        }
         cp.seq += 1;
+        let checkpoint = Checkpoint { seq: cp.seq, watermarks: cp.confirmed.clone() };
         let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
-        cp.encode(self.sb.store_id, &mut page);
+        checkpoint.encode(self.sb.store_id, &mut page);
         let offset = CHECKPOINT_OFFSETS_BYTES[(cp.seq % 2) as usize];
         self.io("checkpoint write", offset, self.device.write_at(offset, &page))?;
-        self.io("checkpoint sync", offset, self.device.sync())?;
+        cp.written = checkpoint.watermarks;
+        cp.written_ticket = self.sync_started.load(Ordering::SeqCst);
         self.counters.flash_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Makes sure a durable checkpoint covers `watermark` for partition `p` (before a block
+    /// that carries it may be dropped, so the journal never replays what it held).
+    fn make_watermark_durable(&self, p: usize, watermark: u64) -> Result<()> {
+        loop {
+            self.confirm_footers();
+            let (durable, confirmed) = {
+                let cp = self.checkpoint.lock();
+                (cp.durable[p], cp.confirmed[p])
+            };
+            if durable >= watermark {
+                return Ok(());
+            }
+            if confirmed >= watermark {
+                self.write_checkpoint_if_stale()?;
+            }
+            self.device_sync("checkpoint sync")?;
+        }
     }
 
     /// Samples a new block's records: one found in an older block makes that block's version
@@ -902,6 +990,9 @@ impl Inner {
 
     /// Removes a block from the index and marks its slot free on the device.
     fn retire(&self, block: &Arc<BlockIndex>) -> Result<()> {
+        if block.kind == BlockKind::Normal {
+            self.make_watermark_durable(block.partition as usize, block.max_version)?;
+        }
         {
             let mut state = self.partitions[block.partition as usize].state.write();
             if let Some((_, column)) = state.blocks.remove(block.slot) {
@@ -913,7 +1004,7 @@ impl Inner {
         Footer::encode_free(self.sb.store_id, &mut page);
         let offset = block.device_offset_bytes + self.geo.footer_offset() as u64;
         self.io("free footer write", offset, self.device.write_at(offset, &page))?;
-        self.io("free footer sync", offset, self.device.sync())?;
+        self.device_sync("free footer sync")?;
         let mut slots = self.slots.lock();
         slots.by_age.remove(&(block.max_version, block.block_seq, block.slot));
         slots.live.remove(&block.slot);
@@ -1065,7 +1156,9 @@ impl Inner {
             chunk.truncate(n);
             chunk.sort_unstable_by(block::record_order);
             let slot = self.slots.lock().free.pop().ok_or_else(|| Error::Failed("garbage collection has no free slot".into()))?;
-            let (index, filter) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
+            let (index, filter, _) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
+            // The output's footer must be durable before any victim is freed.
+            self.device_sync("gc output sync")?;
             self.publish(p, index, &filter);
             outputs += 1;
             start += n;
@@ -1153,7 +1246,13 @@ impl Inner {
             let key_len = usize::from(header.record.key_len);
             journal.writer.append(header, &kv[..key_len], &kv[key_len..]);
         }
-        let flushed = journal.writer.flush(self.device.as_ref()).and_then(|()| self.io("journal sync", 0, self.device.sync()));
+        // Footers already durable go into a checkpoint that this sync makes durable too.
+        self.confirm_footers();
+        let flushed = self
+            .write_checkpoint_if_stale()
+            .and_then(|()| journal.writer.flush(self.device.as_ref()))
+            .and_then(|()| self.device_sync("journal sync"));
+        self.confirm_footers();
         if let Err(error) = &flushed {
             self.fail(error);
         }
@@ -1170,6 +1269,12 @@ impl Inner {
             if head_after < tail + capacity {
                 return Ok(());
             }
+            if self.unconfirmed.lock().iter().any(|u| u.journal_first == Some(tail)) {
+                // The pages are held only until a sealed block's footer is durable.
+                self.device_sync("journal room sync")?;
+                self.confirm_footers();
+                continue;
+            }
             let oldest = self.partitions.iter().position(|part| {
                 let s = part.state.read();
                 s.journal_first_active == Some(tail) || s.journal_first_sealing == Some(tail)
@@ -1182,6 +1287,7 @@ impl Inner {
     }
 
     fn journal_tail(&self) -> Option<u64> {
+        let unconfirmed = self.unconfirmed.lock().iter().filter_map(|u| u.journal_first).min();
         self.partitions
             .iter()
             .flat_map(|part| {
@@ -1189,6 +1295,7 @@ impl Inner {
                 [s.journal_first_active, s.journal_first_sealing]
             })
             .flatten()
+            .chain(unconfirmed)
             .min()
     }
 
@@ -1229,7 +1336,7 @@ impl Inner {
             Ok(())
         })?;
         let count = loaded.len();
-        let mut watermarks = self.checkpoint.lock().watermarks.clone();
+        let mut watermarks = self.checkpoint.lock().confirmed.clone();
         for (index, _) in &loaded {
             if index.kind == BlockKind::Normal {
                 let w = &mut watermarks[index.partition as usize];
@@ -1243,7 +1350,7 @@ impl Inner {
         for &w in &watermarks {
             self.last_version.fetch_max(w, Ordering::AcqRel);
         }
-        self.checkpoint.lock().watermarks = watermarks;
+        self.checkpoint.lock().confirmed = watermarks;
         let mut used = vec![false; sb.block_count as usize];
         for (index, filter) in loaded {
             used[index.slot as usize] = true;
@@ -1281,7 +1388,7 @@ impl Inner {
     /// Puts journaled records that no durable block holds back into the write buffers.
     fn replay_journal(&self) -> Result<usize> {
         let recovered = journal::recover(self.device.as_ref(), &self.sb, self.value_size_max_bytes)?;
-        let watermarks = self.checkpoint.lock().watermarks.clone();
+        let watermarks = self.checkpoint.lock().confirmed.clone();
         let mut replayed = 0;
         for entry in &recovered.entries {
             let p = usize::from(entry.header.partition);
@@ -1375,6 +1482,7 @@ impl Inner {
             flash_writes: load(&c.flash_writes),
             flash_write_bytes: load(&c.flash_write_bytes),
             syncs: load(&c.syncs),
+            device_syncs: load(&c.device_syncs),
             seals: load(&c.seals),
             evicted_blocks: load(&c.evicted_blocks),
             evicted_records_estimate: load(&c.evicted_records),

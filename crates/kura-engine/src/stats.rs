@@ -13,6 +13,7 @@ pub(crate) struct Counters {
     pub flash_writes: AtomicU64,
     pub flash_write_bytes: AtomicU64,
     pub syncs: AtomicU64,
+    pub device_syncs: AtomicU64,
     pub seals: AtomicU64,
     pub evicted_blocks: AtomicU64,
     pub evicted_records: AtomicU64,
@@ -64,6 +65,8 @@ pub struct Stats {
     pub flash_writes: u64,
     pub flash_write_bytes: u64,
     pub syncs: u64,
+    /// fdatasync calls on the device (seals, syncs, frees).
+    pub device_syncs: u64,
     pub seals: u64,
     pub evicted_blocks: u64,
     pub evicted_records_estimate: u64,
