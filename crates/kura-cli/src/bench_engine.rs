@@ -31,7 +31,7 @@ pub struct EngineBenchArgs {
     #[arg(long, default_value = "kura-data/bench-engine.kura")]
     path: PathBuf,
     /// Keys loaded.
-    #[arg(long, default_value_t = 300_000)]
+    #[arg(long, default_value_t = 1_000_000)]
     keys: u64,
     /// Value size in bytes.
     #[arg(long, default_value_t = 4096)]
@@ -49,7 +49,7 @@ pub struct EngineBenchArgs {
     #[arg(long, default_value_t = 10)]
     duration_s: u64,
     /// Block size of the store.
-    #[arg(long, default_value = "4M")]
+    #[arg(long, default_value = "8M")]
     block_size: ByteSize,
     /// Key-hash partitions; 0 lets the engine choose from the block count.
     #[arg(long, default_value_t = 0)]
@@ -58,7 +58,7 @@ pub struct EngineBenchArgs {
     #[arg(long, default_value_t = 16)]
     index_bits_per_key: u32,
     /// Fingerprint bits per record in the page index.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 9)]
     fingerprint_bits: u32,
     /// Store size; default: the data plus a quarter, plus the journal.
     #[arg(long)]
@@ -181,7 +181,11 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
         "index_bfm_speedup": index.sequential_ns / index.bfm_ns,
     });
     if !args.skip_fio {
-        let anchors = fio_anchors(args, read_bytes_per_hit, duration)?;
+        // fio reads the blocks the engine wrote: a fresh store fills slots from the first, and
+        // the rest of the preallocated file is unwritten (read as zeros without touching the disk).
+        let sb = engine.superblock();
+        let region = (sb.blocks_offset_bytes, stats.blocks_used * u64::from(sb.block_size_bytes));
+        let anchors = fio_anchors(args, region, read_bytes_per_hit, duration)?;
         merge(&mut out, anchors);
         let ratio = |a: &str, b: &str| out[a].as_f64().zip(out[b].as_f64()).map(|(a, b)| a / b);
         let ratios = json!({
@@ -427,10 +431,10 @@ fn index_comparison(engine: &Engine, keys: u64) -> anyhow::Result<IndexCompariso
 
 /// fio on the same disk: 4 KiB random reads of the store file at the same queue depth, the
 /// same at the engine's actual read size, and sequential writes of a scratch file.
-fn fio_anchors(args: &EngineBenchArgs, read_bytes_per_hit: f64, duration: Duration) -> anyhow::Result<serde_json::Value> {
-    let size = std::fs::metadata(&args.path)?.len();
+fn fio_anchors(args: &EngineBenchArgs, (offset, size): (u64, u64), read_bytes_per_hit: f64, duration: Duration) -> anyhow::Result<serde_json::Value> {
+    let file_size = std::fs::metadata(&args.path)?.len();
     let randread = |bs: u64| -> anyhow::Result<fio::FioSide> {
-        eprintln!("fio: {bs}-byte random reads, iodepth {}", args.queue_depth);
+        eprintln!("fio: {bs}-byte random reads of the {} MiB the engine wrote, iodepth {}", size >> 20, args.queue_depth);
         let job = FioJob {
             name: "kura-anchor-randread".into(),
             filename: args.path.clone(),
@@ -440,7 +444,7 @@ fn fio_anchors(args: &EngineBenchArgs, read_bytes_per_hit: f64, duration: Durati
             iodepth: args.queue_depth as u32,
             runtime_s: Some(duration.as_secs()),
             time_based: true,
-            extra_args: vec!["--blockalign=512".into(), "--norandommap".into()],
+            extra_args: vec![format!("--offset={offset}"), "--blockalign=512".into(), "--norandommap".into()],
             ..FioJob::default()
         };
         fio::run(&job)?.read.context("fio reported no reads")
@@ -455,7 +459,7 @@ fn fio_anchors(args: &EngineBenchArgs, read_bytes_per_hit: f64, duration: Durati
         filename: scratch.clone(),
         rw: FioRw::Write,
         bs_bytes: 1 << 20,
-        size_bytes: size.min(4 << 30),
+        size_bytes: file_size.min(4 << 30),
         iodepth: 8,
         runtime_s: Some(duration.as_secs()),
         time_based: true,

@@ -56,7 +56,7 @@ pub struct GeometryArgs {
     #[arg(long, value_enum, default_value = "cache")]
     pub mode: ModeArg,
     /// Block (segment) size: the unit written at once and dropped or collected whole.
-    #[arg(long, default_value = "4M")]
+    #[arg(long, default_value = "8M")]
     pub block_size: ByteSize,
     /// Page size (a multiple of 4 KiB).
     #[arg(long, default_value = "4K")]

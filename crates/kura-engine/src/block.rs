@@ -18,8 +18,20 @@ use crate::format::{
 };
 use crate::hash::{KeyHash, fastrange64};
 
-/// Fixed per-block RAM (struct, maps) charged against the index budget when sizing filters.
-pub const BLOCK_TABLE_ENTRY_BYTES: usize = 256;
+/// RAM per block in the engine's tables beyond its `BlockIndex` (the `Arc`, the partition's
+/// block table, the slot table and the age-ordered set), charged against the index budget.
+pub const BLOCK_TABLE_ENTRY_BYTES: usize = 112;
+
+/// Every byte a block costs in RAM before its page index and Bloom filter column.
+pub fn block_overhead_bytes() -> usize {
+    std::mem::size_of::<BlockIndex>() + BLOCK_TABLE_ENTRY_BYTES
+}
+
+/// A block's share of its partition's write-buffer index, when the partition holds the
+/// intended number of blocks: charged to the index budget so the whole stays within it.
+fn buffer_index_share_bytes(geo: &BlockGeometry, with_small_records: bool) -> usize {
+    crate::buffer::WriteBuffer::index_bytes(geo, with_small_records) / crate::config::BLOCKS_PER_PARTITION_TARGET as usize
+}
 
 /// Sizes that shape blocks; derived from the superblock.
 #[derive(Debug, Clone)]
@@ -159,7 +171,40 @@ enum LargeSlots {
     /// Every slot has the same length.
     Uniform { len_bytes: u32 },
     /// Sector offsets from the start of the large region; a slot ends where the next begins.
-    Offsets { sectors: EliasFano, region_end_sectors: u64 },
+    Offsets { sectors: Box<EliasFano>, region_end_sectors: u64 },
+}
+
+/// Page index of the packed small records.
+#[derive(Debug)]
+struct SmallRegion {
+    fp_universe: u64,
+    fingerprints: EliasFano,
+    page_first_ranks: EliasFano,
+}
+
+/// Slot index of the large records.
+#[derive(Debug)]
+struct LargeRegion {
+    fp_universe: u64,
+    fingerprints: EliasFano,
+    offset_bytes: u64,
+    slots: LargeSlots,
+}
+
+impl SmallRegion {
+    fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.fingerprints.memory_bytes() + self.page_first_ranks.memory_bytes()
+    }
+}
+
+impl LargeRegion {
+    fn memory_bytes(&self) -> usize {
+        let slots = match &self.slots {
+            LargeSlots::Uniform { .. } => 0,
+            LargeSlots::Offsets { sectors, .. } => sectors.memory_bytes(),
+        };
+        std::mem::size_of::<Self>() + self.fingerprints.memory_bytes() + slots
+    }
 }
 
 /// The RAM index of one sealed block.
@@ -178,13 +223,8 @@ pub struct BlockIndex {
     pub data_end_bytes: u64,
     page_size: u32,
     sector: u32,
-    small_fp_universe: u64,
-    small: EliasFano,
-    page_first_ranks: EliasFano,
-    large_fp_universe: u64,
-    large: EliasFano,
-    large_offset_bytes: u64,
-    large_slots: LargeSlots,
+    small: Option<Box<SmallRegion>>,
+    large: Option<Box<LargeRegion>>,
     /// Records found (by sampling) to be shadowed by newer versions.
     pub dead_records_est: AtomicU32,
     /// Set once the block is removed from the index; its slot may be reused.
@@ -206,13 +246,9 @@ impl BlockIndex {
         (self.max_version, self.block_seq)
     }
 
-    /// RAM held by this block's index (excluding its Bloom Filter Map column).
+    /// RAM held by this block's page index (its regions).
     pub fn memory_bytes(&self) -> usize {
-        let large = match &self.large_slots {
-            LargeSlots::Uniform { .. } => 0,
-            LargeSlots::Offsets { sectors, .. } => sectors.memory_bytes(),
-        };
-        self.small.memory_bytes() + self.page_first_ranks.memory_bytes() + self.large.memory_bytes() + large
+        self.small.as_ref().map_or(0, |r| r.memory_bytes()) + self.large.as_ref().map_or(0, |r| r.memory_bytes())
     }
 
     pub fn live_records_est(&self) -> u32 {
@@ -221,46 +257,50 @@ impl BlockIndex {
 
     /// Whether the fingerprints say the key may be here (no flash access).
     pub fn may_contain(&self, hash: &KeyHash) -> bool {
-        !self.small.equal_range(fingerprint(hash, self.small_fp_universe)).is_empty()
-            || !self.large.equal_range(fingerprint(hash, self.large_fp_universe)).is_empty()
+        self.small.as_ref().is_some_and(|r| !r.fingerprints.equal_range(fingerprint(hash, r.fp_universe)).is_empty())
+            || self.large.as_ref().is_some_and(|r| !r.fingerprints.equal_range(fingerprint(hash, r.fp_universe)).is_empty())
     }
 
     /// Appends the reads that may hold the key (usually none or one).
     pub fn locate(&self, hash: &KeyHash, out: &mut Vec<Span>) {
-        let ranks = self.small.equal_range(fingerprint(hash, self.small_fp_universe));
-        if !ranks.is_empty() {
-            let first = self.page_first_ranks.predecessor_rank(ranks.start as u64).expect("rank 0 starts page 0");
-            let last = self.page_first_ranks.predecessor_rank(ranks.end as u64 - 1).expect("rank 0 starts page 0");
-            for page in first..=last {
-                let offset = self.device_offset_bytes + page as u64 * u64::from(self.page_size);
-                out.push(Span { offset_bytes: offset, len_bytes: self.page_size, large: false });
+        if let Some(r) = &self.small {
+            let ranks = r.fingerprints.equal_range(fingerprint(hash, r.fp_universe));
+            if !ranks.is_empty() {
+                let first = r.page_first_ranks.predecessor_rank(ranks.start as u64).expect("rank 0 starts page 0");
+                let last = r.page_first_ranks.predecessor_rank(ranks.end as u64 - 1).expect("rank 0 starts page 0");
+                for page in first..=last {
+                    let offset = self.device_offset_bytes + page as u64 * u64::from(self.page_size);
+                    out.push(Span { offset_bytes: offset, len_bytes: self.page_size, large: false });
+                }
             }
         }
-        for rank in self.large.equal_range(fingerprint(hash, self.large_fp_universe)) {
-            let (start, len) = self.large_slot(rank);
-            out.push(Span { offset_bytes: self.device_offset_bytes + start, len_bytes: len, large: true });
+        if let Some(r) = &self.large {
+            for rank in r.fingerprints.equal_range(fingerprint(hash, r.fp_universe)) {
+                let (start, len) = self.large_slot(r, rank);
+                out.push(Span { offset_bytes: self.device_offset_bytes + start, len_bytes: len, large: true });
+            }
         }
     }
 
     /// Byte offset in the block and length of large slot `rank`.
-    fn large_slot(&self, rank: usize) -> (u64, u32) {
-        match &self.large_slots {
-            LargeSlots::Uniform { len_bytes } => (self.large_offset_bytes + rank as u64 * u64::from(*len_bytes), *len_bytes),
+    fn large_slot(&self, r: &LargeRegion, rank: usize) -> (u64, u32) {
+        match &r.slots {
+            LargeSlots::Uniform { len_bytes } => (r.offset_bytes + rank as u64 * u64::from(*len_bytes), *len_bytes),
             LargeSlots::Offsets { sectors, region_end_sectors } => {
                 let start = sectors.get(rank);
                 let end = if rank + 1 < sectors.len() { sectors.get(rank + 1) } else { *region_end_sectors };
                 let sector = u64::from(self.sector);
-                (self.large_offset_bytes + start * sector, ((end - start) * sector) as u32)
+                (r.offset_bytes + start * sector, ((end - start) * sector) as u32)
             }
         }
     }
 
     pub fn packed_pages(&self) -> u32 {
-        self.page_first_ranks.len() as u32
+        self.small.as_ref().map_or(0, |r| r.page_first_ranks.len() as u32)
     }
 
     pub fn large_count(&self) -> usize {
-        self.large.len()
+        self.large.as_ref().map_or(0, |r| r.fingerprints.len())
     }
 
     /// Every read that covers the block's records (for GC).
@@ -268,12 +308,26 @@ impl BlockIndex {
         let mut spans: Vec<Span> = (0..self.packed_pages())
             .map(|p| Span { offset_bytes: self.device_offset_bytes + u64::from(p) * u64::from(self.page_size), len_bytes: self.page_size, large: false })
             .collect();
-        for rank in 0..self.large.len() {
-            let (start, len) = self.large_slot(rank);
-            spans.push(Span { offset_bytes: self.device_offset_bytes + start, len_bytes: len, large: true });
+        if let Some(r) = &self.large {
+            for rank in 0..r.fingerprints.len() {
+                let (start, len) = self.large_slot(r, rank);
+                spans.push(Span { offset_bytes: self.device_offset_bytes + start, len_bytes: len, large: true });
+            }
         }
         spans
     }
+}
+
+/// The regions of a block, from their parts (built or decoded).
+fn regions(
+    small: (u64, EliasFano, EliasFano),
+    large: (u64, EliasFano, u64, LargeSlots),
+) -> (Option<Box<SmallRegion>>, Option<Box<LargeRegion>>) {
+    let (fp_universe, fingerprints, page_first_ranks) = small;
+    let small = (!fingerprints.is_empty()).then(|| Box::new(SmallRegion { fp_universe, fingerprints, page_first_ranks }));
+    let (fp_universe, fingerprints, offset_bytes, slots) = large;
+    let large = (!fingerprints.is_empty()).then(|| Box::new(LargeRegion { fp_universe, fingerprints, offset_bytes, slots }));
+    (small, large)
 }
 
 /// A block image ready to write, and what to remember about it.
@@ -333,11 +387,12 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
                 starts.push(at);
                 at += (len / geo.sector) as u64;
             }
-            LargeSlots::Offsets { sectors: EliasFano::new(&starts, region_end_sectors.max(1)), region_end_sectors }
+            LargeSlots::Offsets { sectors: Box::new(EliasFano::with_access(&starts, region_end_sectors.max(1))), region_end_sectors }
         }
     };
 
-    let filter = bloom_filter(geo, records, small_ef.memory_bytes() + ranks_ef.memory_bytes() + large_ef.memory_bytes());
+    let index_ram = small_ef.memory_bytes() + ranks_ef.memory_bytes() + large_ef.memory_bytes() + 2 * std::mem::size_of::<LargeRegion>();
+    let filter = bloom_filter(geo, records, index_ram + buffer_index_share_bytes(geo, !small.is_empty()));
     let header = SummaryHeader {
         block_seq: spec.block_seq,
         partition: spec.partition,
@@ -384,6 +439,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
         max_version: header.max_version,
         kind: spec.kind,
     };
+    let (small, large) = regions((small_fp_universe, small_ef, ranks_ef), (large_fp_universe, large_ef, large_offset as u64, large_slots));
     let index = BlockIndex {
         slot: spec.slot,
         device_offset_bytes: spec.device_offset_bytes,
@@ -398,13 +454,8 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
         data_end_bytes: data_end as u64,
         page_size: geo.page_size as u32,
         sector: geo.sector as u32,
-        small_fp_universe,
-        small: small_ef,
-        page_first_ranks: ranks_ef,
-        large_fp_universe,
-        large: large_ef,
-        large_offset_bytes: large_offset as u64,
-        large_slots,
+        small,
+        large,
         dead_records_est: AtomicU32::new(0),
         retired: AtomicBool::new(false),
     };
@@ -424,7 +475,7 @@ fn fingerprint(hash: &KeyHash, universe: u64) -> u64 {
 
 fn bloom_filter(geo: &BlockGeometry, records: &[RecordRef<'_>], index_ram_bytes: usize) -> BloomFilter {
     let n = records.len();
-    let spent_bits = 8 * (index_ram_bytes + BLOCK_TABLE_ENTRY_BYTES) as u64;
+    let spent_bits = 8 * (index_ram_bytes + block_overhead_bytes()) as u64;
     let budget = (u64::from(geo.index_bits_per_key) * n as u64).saturating_sub(spent_bits);
     let m = class_m_bits(budget);
     let mut filter = BloomFilter::new(m, optimal_k(m, n));
@@ -506,15 +557,15 @@ pub fn open_summary(
     let filter_bytes = r.bytes(8 * words)?;
     let filter_words = filter_bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
     let filter = BloomFilter::from_words(h.bloom_m_bits, h.bloom_k, filter_words).ok_or(bad("bloom geometry", u64::from(h.bloom_m_bits)))?;
-    let next_ef = |r: &mut Reader<'_>| -> Result<EliasFano, FormatError> {
+    let next_ef = |r: &mut Reader<'_>, access: bool| -> Result<EliasFano, FormatError> {
         let rest = r.bytes(0).map(|_| &summary[r.pos()..])?;
-        let (ef, used) = EliasFano::decode(rest).ok_or(bad("Elias-Fano section", r.pos() as u64))?;
+        let (ef, used) = EliasFano::decode(rest, access).ok_or(bad("Elias-Fano section", r.pos() as u64))?;
         r.bytes(used)?;
         Ok(ef)
     };
-    let small = next_ef(&mut r)?;
-    let page_first_ranks = next_ef(&mut r)?;
-    let large = next_ef(&mut r)?;
+    let small = next_ef(&mut r, false)?;
+    let page_first_ranks = next_ef(&mut r, false)?;
+    let large = next_ef(&mut r, false)?;
     if small.len() != h.small_count as usize || large.len() != h.large_count as usize || page_first_ranks.len() != h.packed_pages as usize {
         return Err(bad("summary section lengths", u64::from(h.record_count)));
     }
@@ -529,13 +580,14 @@ pub fn open_summary(
         }
         LargeSlots::Uniform { len_bytes: h.large_uniform_bytes }
     } else {
-        let sectors = next_ef(&mut r)?;
+        let sectors = next_ef(&mut r, true)?;
         let monotone_inside = sectors.len() == h.large_count as usize && sectors.get(sectors.len() - 1) < region_end_sectors;
         if !monotone_inside {
             return Err(bad("large slot offsets", region_end_sectors));
         }
-        LargeSlots::Offsets { sectors, region_end_sectors }
+        LargeSlots::Offsets { sectors: Box::new(sectors), region_end_sectors }
     };
+    let (small, large) = regions((h.small_fingerprint_universe, small, page_first_ranks), (h.large_fingerprint_universe, large, h.large_offset_bytes, large_slots));
     let index = BlockIndex {
         slot,
         device_offset_bytes,
@@ -550,13 +602,8 @@ pub fn open_summary(
         data_end_bytes: h.data_end_bytes,
         page_size: geo.page_size as u32,
         sector: geo.sector as u32,
-        small_fp_universe: h.small_fingerprint_universe,
         small,
-        page_first_ranks,
-        large_fp_universe: h.large_fingerprint_universe,
         large,
-        large_offset_bytes: h.large_offset_bytes,
-        large_slots,
         dead_records_est: AtomicU32::new(0),
         retired: AtomicBool::new(false),
     };
@@ -769,10 +816,11 @@ mod tests {
             let mut image = AlignedBuf::zeroed(geo.block_size);
             let spec = BuildSpec { slot: 0, device_offset_bytes: 0, block_seq: 1, partition: 0, kind: BlockKind::Normal };
             let built = build(&geo, &spec, &refs[..fit], &mut image);
-            let bits = 8.0 * (built.index.memory_bytes() + built.filter.words().len() * 8 + BLOCK_TABLE_ENTRY_BYTES) as f64 / fit as f64;
+            let bits = 8.0 * (built.index.memory_bytes() + built.filter.words().len() * 8 + block_overhead_bytes()) as f64 / fit as f64;
             eprintln!("{fit} records of {len} bytes: {bits:.2} index bits per key, bloom m/n {:.2}", built.filter.m_bits() as f64 / fit as f64);
             assert!(bits <= 16.5, "{bits} bits per key for {fit} records of {len} bytes");
             assert!(fit as f64 > 0.85 * (geo.block_size / (len + 40)) as f64, "only {fit} records of {len} bytes fit");
         }
     }
 }
+

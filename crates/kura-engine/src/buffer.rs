@@ -4,10 +4,9 @@
 //! a key lives in its home bucket unless that is full, in which case it goes to a nearby bucket
 //! and only then is recorded in a small bit-sliced page filter, so most lookups scan one bucket.
 //! Records themselves sit in an append-only arena; a replaced record is marked dead and the
-//! arena is compacted when dead space grows. Large records (more than a quarter page) are found
-//! through a hash table instead, as they would not share a page anyway.
-
-use std::collections::HashMap;
+//! arena is compacted when dead space grows. Large records (more than a quarter page) hang off
+//! their home bucket's chain without counting against its page capacity: they get slots of
+//! their own when sealed. Records not yet journaled are the arena's tail past a watermark.
 
 use crate::block::{BlockGeometry, RecordRef, Tally};
 use crate::format::RecordKind;
@@ -16,11 +15,12 @@ use crate::hash::{KeyHash, fastrange64};
 const NIL: u32 = u32::MAX;
 const ARENA_HEADER_BYTES: usize = 40;
 const FLAG_DEAD: u8 = 1;
+const FLAG_LARGE: u8 = 2;
 /// Buckets per data page of a block: spare room so home buckets rarely overflow.
 const BUCKETS_PER_PAGE: f64 = 1.25;
 /// Buckets tried after a full home bucket.
 const PROBE_BUCKETS_MAX: u32 = 16;
-const OVERFLOW_FILTER_ROWS: u32 = 128;
+const OVERFLOW_FILTER_ROWS: u32 = 64;
 const OVERFLOW_FILTER_K: u32 = 4;
 /// Share of the block kept for tombstones, so deletes still work when puts no longer fit.
 const TOMBSTONE_RESERVE_DIVISOR: usize = 64;
@@ -44,11 +44,11 @@ pub struct WriteBuffer {
     arena_capacity: usize,
     dead_arena_bytes: usize,
     bucket_head: Vec<u32>,
-    bucket_used: Vec<u32>,
+    /// Payload bytes of small records placed in each bucket (at most a page).
+    bucket_used: Vec<u16>,
     overflow: OverflowFilter,
-    large: HashMap<u64, u32>,
-    /// Arena offsets of records not yet written to the journal, oldest first.
-    pending: Vec<u32>,
+    /// Records at arena offsets from here on are not yet written to the journal.
+    journaled_upto: usize,
     tally: Tally,
     tombstones: usize,
     max_version: u64,
@@ -59,6 +59,18 @@ impl WriteBuffer {
         Self::with_arena(geo, Vec::new())
     }
 
+    /// Buckets a buffer for `geo` has.
+    fn bucket_count(geo: &BlockGeometry) -> usize {
+        (((geo.block_size / geo.page_size) as f64 * BUCKETS_PER_PAGE).ceil() as usize).max(1)
+    }
+
+    /// The RAM a buffer's lookup structures take (for the index budget): the bucket arrays,
+    /// plus the overflow filter when small records (the only ones that overflow) are stored.
+    pub fn index_bytes(geo: &BlockGeometry, with_small_records: bool) -> usize {
+        let buckets = Self::bucket_count(geo);
+        6 * buckets + if with_small_records { OVERFLOW_FILTER_ROWS as usize * buckets.div_ceil(8) } else { 0 }
+    }
+
     /// A buffer that reuses `arena`'s allocation (its contents are discarded).
     pub fn with_arena(geo: &BlockGeometry, mut arena: Vec<u8>) -> Self {
         arena.clear();
@@ -66,8 +78,7 @@ impl WriteBuffer {
         if arena.capacity() < arena_capacity {
             arena.reserve_exact(arena_capacity);
         }
-        let pages = geo.block_size / geo.page_size;
-        let buckets = ((pages as f64 * BUCKETS_PER_PAGE).ceil() as usize).max(1);
+        let buckets = Self::bucket_count(geo);
         Self {
             geo: geo.clone(),
             arena,
@@ -76,8 +87,7 @@ impl WriteBuffer {
             bucket_head: vec![NIL; buckets],
             bucket_used: vec![0; buckets],
             overflow: OverflowFilter::new(buckets),
-            large: HashMap::new(),
-            pending: Vec::new(),
+            journaled_upto: 0,
             tally: Tally::default(),
             tombstones: 0,
             max_version: 0,
@@ -107,7 +117,7 @@ impl WriteBuffer {
 
     /// RAM used by the lookup structures (not the records).
     pub fn index_memory_bytes(&self) -> usize {
-        8 * self.bucket_head.len() + self.overflow.memory_bytes() + 16 * self.large.capacity() + 4 * self.pending.capacity()
+        6 * self.bucket_head.len() + self.overflow.memory_bytes()
     }
 
     /// RAM holding records.
@@ -151,14 +161,13 @@ impl WriteBuffer {
             return Err(BufferFull);
         }
         let small = self.geo.is_small(key.len(), value.len());
-        let bucket = if small { self.choose_bucket(hash, BlockGeometry::small_bytes(key.len(), value.len())).ok_or(BufferFull)? } else { NIL };
+        let bucket = if small { self.choose_bucket(hash, BlockGeometry::small_bytes(key.len(), value.len())).ok_or(BufferFull)? } else { self.home_bucket(hash) as u32 };
         if let Some(old) = previous {
             self.unlink(old);
         }
         let version = version();
-        let offset = self.append(hash, key, value, kind, version, bucket);
+        let offset = self.append(hash, key, value, kind, version, bucket, if small { 0 } else { FLAG_LARGE });
         self.link(offset);
-        self.pending.push(offset);
         self.tally = tally;
         self.tombstones += usize::from(kind == RecordKind::Tombstone);
         self.max_version = self.max_version.max(version);
@@ -172,8 +181,16 @@ impl WriteBuffer {
 
     /// Takes the records not yet journaled (skipping ones already replaced), oldest first.
     pub fn take_pending(&mut self) -> Vec<u32> {
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.retain(|&o| self.header(o).flags & FLAG_DEAD == 0);
+        let mut pending = Vec::new();
+        let mut pos = self.journaled_upto;
+        while pos < self.arena.len() {
+            let h = ArenaHeader::read(&self.arena, pos as u32);
+            if h.flags & FLAG_DEAD == 0 {
+                pending.push(pos as u32);
+            }
+            pos += h.arena_bytes();
+        }
+        self.journaled_upto = self.arena.len();
         pending
     }
 
@@ -198,8 +215,7 @@ impl WriteBuffer {
     }
 
     fn live_offsets(&self) -> impl Iterator<Item = u32> + '_ {
-        let small = self.bucket_head.iter().flat_map(move |&head| self.chain(head));
-        small.chain(self.large.values().flat_map(move |&head| self.chain(head)))
+        self.bucket_head.iter().flat_map(move |&head| self.chain(head))
     }
 
     fn chain(&self, head: u32) -> impl Iterator<Item = u32> + '_ {
@@ -214,11 +230,6 @@ impl WriteBuffer {
             let h = self.header(*o);
             h.sort == hash.sort && self.key_at(*o, h.key_len) == key
         };
-        if let Some(&head) = self.large.get(&hash.sort)
-            && let Some(found) = self.chain(head).find(matches)
-        {
-            return Some(found);
-        }
         let home = self.home_bucket(hash);
         if let Some(found) = self.chain(self.bucket_head[home]).find(matches) {
             return Some(found);
@@ -242,7 +253,7 @@ impl WriteBuffer {
         let payload = self.geo.payload();
         for probe in 0..=PROBE_BUCKETS_MAX as usize {
             let bucket = (home + probe) % buckets;
-            if self.bucket_used[bucket] as usize + bytes <= payload {
+            if usize::from(self.bucket_used[bucket]) + bytes <= payload {
                 if probe > 0 {
                     self.overflow.insert(hash, bucket as u32);
                 }
@@ -252,7 +263,8 @@ impl WriteBuffer {
         None
     }
 
-    fn append(&mut self, hash: &KeyHash, key: &[u8], value: &[u8], kind: RecordKind, version: u64, bucket: u32) -> u32 {
+    #[allow(clippy::too_many_arguments)]
+    fn append(&mut self, hash: &KeyHash, key: &[u8], value: &[u8], kind: RecordKind, version: u64, bucket: u32, flags: u8) -> u32 {
         let offset = self.arena.len();
         assert!(offset < NIL as usize);
         let mut header = [0u8; ARENA_HEADER_BYTES];
@@ -264,6 +276,7 @@ impl WriteBuffer {
         header[32..36].copy_from_slice(&bucket.to_le_bytes());
         header[36] = key.len() as u8;
         header[37] = kind as u8;
+        header[38] = flags;
         self.arena.extend_from_slice(&header);
         self.arena.extend_from_slice(key);
         self.arena.extend_from_slice(value);
@@ -273,67 +286,58 @@ impl WriteBuffer {
 
     fn link(&mut self, offset: u32) {
         let h = self.header(offset);
-        let head = if h.bucket == NIL {
-            self.large.insert(h.sort, offset)
-        } else {
-            self.bucket_used[h.bucket as usize] += BlockGeometry::small_bytes(h.key_len, h.value_len) as u32;
-            Some(std::mem::replace(&mut self.bucket_head[h.bucket as usize], offset))
-        };
-        self.set_next(offset, head.unwrap_or(NIL));
+        if h.flags & FLAG_LARGE == 0 {
+            self.bucket_used[h.bucket as usize] += BlockGeometry::small_bytes(h.key_len, h.value_len) as u16;
+        }
+        let head = std::mem::replace(&mut self.bucket_head[h.bucket as usize], offset);
+        self.set_next(offset, head);
     }
 
     fn unlink(&mut self, offset: u32) {
         let h = self.header(offset);
-        let next = h.next;
-        let head = if h.bucket == NIL { self.large[&h.sort] } else { self.bucket_head[h.bucket as usize] };
-        if head == offset {
-            match (h.bucket == NIL, next == NIL) {
-                (true, true) => {
-                    self.large.remove(&h.sort);
-                }
-                (true, false) => {
-                    self.large.insert(h.sort, next);
-                }
-                (false, _) => self.bucket_head[h.bucket as usize] = next,
-            }
+        let bucket = h.bucket as usize;
+        if self.bucket_head[bucket] == offset {
+            self.bucket_head[bucket] = h.next;
         } else {
-            let prev = self.chain(head).find(|&o| self.header(o).next == offset).expect("record is in its chain");
-            self.set_next(prev, next);
+            let prev = self.chain(self.bucket_head[bucket]).find(|&o| self.header(o).next == offset).expect("record is in its chain");
+            self.set_next(prev, h.next);
         }
-        if h.bucket != NIL {
-            self.bucket_used[h.bucket as usize] -= BlockGeometry::small_bytes(h.key_len, h.value_len) as u32;
+        if h.flags & FLAG_LARGE == 0 {
+            self.bucket_used[bucket] -= BlockGeometry::small_bytes(h.key_len, h.value_len) as u16;
         }
         self.tombstones -= usize::from(h.kind == RecordKind::Tombstone);
         self.arena[offset as usize + 38] |= FLAG_DEAD;
-        self.dead_arena_bytes += (ARENA_HEADER_BYTES + h.key_len + h.value_len).next_multiple_of(8);
+        self.dead_arena_bytes += h.arena_bytes();
     }
 
-    /// Rewrites the arena without dead records, keeping order (and the pending list).
+    /// Rewrites the arena without dead records, keeping order (and the journal watermark).
     fn compact(&mut self) {
         if self.dead_arena_bytes == 0 {
             return;
         }
         let old = std::mem::take(&mut self.arena);
-        let mut moved: Vec<(u32, u32)> = Vec::new();
+        self.arena.reserve_exact(self.arena_capacity);
+        let mut journaled_upto = None;
         let mut pos = 0usize;
         while pos < old.len() {
             let h = ArenaHeader::read(&old, pos as u32);
-            let len = (ARENA_HEADER_BYTES + h.key_len + h.value_len).next_multiple_of(8);
-            if h.flags & FLAG_DEAD == 0 {
-                moved.push((pos as u32, self.arena.len() as u32));
-                self.arena.extend_from_slice(&old[pos..pos + len]);
+            if pos >= self.journaled_upto && journaled_upto.is_none() {
+                journaled_upto = Some(self.arena.len());
             }
-            pos += len;
+            if h.flags & FLAG_DEAD == 0 {
+                self.arena.extend_from_slice(&old[pos..pos + h.arena_bytes()]);
+            }
+            pos += h.arena_bytes();
         }
+        self.journaled_upto = journaled_upto.unwrap_or(self.arena.len());
         self.dead_arena_bytes = 0;
         self.bucket_head.fill(NIL);
         self.bucket_used.fill(0);
-        self.large.clear();
-        for &(_, offset) in &moved {
-            self.link(offset);
+        let mut pos = 0usize;
+        while pos < self.arena.len() {
+            self.link(pos as u32);
+            pos += self.header(pos as u32).arena_bytes();
         }
-        let remap: HashMap<u32, u32> = moved.into_iter().collect();
-        self.pending = self.pending.iter().filter_map(|o| remap.get(o).copied()).collect();
     }
 
     fn header(&self, offset: u32) -> ArenaHeader {
@@ -365,6 +369,11 @@ struct ArenaHeader {
 }
 
 impl ArenaHeader {
+    /// Bytes the record takes in the arena (header, key, value, padding).
+    fn arena_bytes(&self) -> usize {
+        (ARENA_HEADER_BYTES + self.key_len + self.value_len).next_multiple_of(8)
+    }
+
     fn read(arena: &[u8], offset: u32) -> Self {
         let b = &arena[offset as usize..offset as usize + ARENA_HEADER_BYTES];
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
@@ -384,7 +393,8 @@ impl ArenaHeader {
 }
 
 /// Bit-sliced Bloom filters over the buffer's buckets, holding only keys that overflowed their
-/// home bucket (the thesis' page-search BFM).
+/// home bucket (the thesis' page-search BFM). Allocated at the first overflow: workloads whose
+/// records never overflow (large values) never pay for it.
 struct OverflowFilter {
     stride_bytes: usize,
     rows: Vec<u8>,
@@ -393,15 +403,17 @@ struct OverflowFilter {
 
 impl OverflowFilter {
     fn new(buckets: usize) -> Self {
-        let stride_bytes = buckets.div_ceil(8);
-        Self { stride_bytes, rows: vec![0; OVERFLOW_FILTER_ROWS as usize * stride_bytes], count: 0 }
+        Self { stride_bytes: buckets.div_ceil(8), rows: Vec::new(), count: 0 }
     }
 
     fn memory_bytes(&self) -> usize {
-        self.rows.len()
+        self.rows.capacity()
     }
 
     fn insert(&mut self, hash: &KeyHash, bucket: u32) {
+        if self.rows.is_empty() {
+            self.rows = vec![0; OVERFLOW_FILTER_ROWS as usize * self.stride_bytes];
+        }
         for row in hash.overflow_positions(OVERFLOW_FILTER_ROWS, OVERFLOW_FILTER_K) {
             self.rows[row as usize * self.stride_bytes + bucket as usize / 8] |= 1 << (bucket % 8);
         }
@@ -409,6 +421,9 @@ impl OverflowFilter {
     }
 
     fn candidates(&self, hash: &KeyHash, out: &mut Vec<u32>) {
+        if self.rows.is_empty() {
+            return;
+        }
         let rows: Vec<usize> = hash.overflow_positions(OVERFLOW_FILTER_ROWS, OVERFLOW_FILTER_K).map(|r| r as usize * self.stride_bytes).collect();
         for byte in 0..self.stride_bytes {
             let acc = rows.iter().fold(0xffu8, |acc, &row| acc & self.rows[row + byte]);

@@ -3,13 +3,15 @@
 use crate::format::{KEY_SIZE_BYTES_MAX, Mode, PAGE_SIZE_BYTES_UNIT, PARTITIONS_MAX};
 
 pub const PAGE_SIZE_BYTES_DEFAULT: u32 = 4096;
-pub const BLOCK_SIZE_BYTES_DEFAULT: u32 = 4 << 20;
+pub const BLOCK_SIZE_BYTES_DEFAULT: u32 = 8 << 20;
 pub const INDEX_BITS_PER_KEY_DEFAULT: u32 = 16;
-pub const FINGERPRINT_BITS_DEFAULT: u32 = 8;
+pub const FINGERPRINT_BITS_DEFAULT: u32 = 9;
 pub const VALUE_SIZE_BYTES_MAX_DEFAULT: usize = 1 << 20;
-/// With `partitions = 0`, one partition per this many blocks (bounding the blocks a lookup
-/// must consider, so misses stay under ~0.05 flash reads).
-pub const BLOCKS_PER_PARTITION_TARGET: u32 = 128;
+/// With `partitions = 0`, one partition per this many blocks: it bounds the blocks a lookup
+/// considers, so that a miss costs under ~0.05 flash reads at the default index budget (each
+/// block lets an absent key through with probability ~6e-4). More partitions mean fewer false
+/// reads but more RAM in write buffers (each partition fills a whole block in RAM).
+pub const BLOCKS_PER_PARTITION_TARGET: u32 = 48;
 pub const PARTITIONS_AUTO_MAX: u32 = 32;
 pub const SEAL_THREADS_DEFAULT: usize = 4;
 pub const SEAL_THREADS_MAX: usize = 64;

@@ -6,78 +6,105 @@
 
 use std::ops::Range;
 
-/// Zeros (or ones) between two select samples.
-const SELECT_SAMPLE_EVERY: usize = 128;
+/// Zeros (or ones) between two select samples: 1/8 bit per value, and a select scans about
+/// four words.
+const SELECT_SAMPLE_EVERY: usize = 256;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EliasFano {
-    len: usize,
+    len: u32,
     low_bits: u32,
-    /// Unary-coded high parts: element `i` sets bit `(value_i >> low_bits) + i`.
-    high: Vec<u64>,
-    high_len_bits: usize,
-    low: Vec<u64>,
-    /// Position of every `SELECT_SAMPLE_EVERY`-th zero / one in `high`.
-    zero_samples: Vec<u32>,
-    one_samples: Vec<u32>,
+    /// Bits in the unary high part: element `i` sets bit `(value_i >> low_bits) + i`.
+    high_len_bits: u32,
+    /// The high part's words, then the packed low bits.
+    words: Box<[u64]>,
+    /// Positions in the high part of every `SELECT_SAMPLE_EVERY`-th zero, then of every
+    /// `SELECT_SAMPLE_EVERY`-th one.
+    samples: Box<[u32]>,
+    zero_samples: u32,
 }
 
 impl EliasFano {
-    /// Encodes `values` (non-decreasing, each `< universe`).
+    /// Encodes `values` (non-decreasing, each `< universe`) for search; [`EliasFano::get`]
+    /// needs [`EliasFano::with_access`].
     pub fn new(values: &[u64], universe: u64) -> Self {
+        Self::build(values, universe, false)
+    }
+
+    /// Like [`EliasFano::new`], also supporting [`EliasFano::get`] (select samples on ones).
+    pub fn with_access(values: &[u64], universe: u64) -> Self {
+        Self::build(values, universe, true)
+    }
+
+    fn build(values: &[u64], universe: u64, access: bool) -> Self {
         let len = values.len();
+        assert!(len < u32::MAX as usize, "EliasFano holds at most u32::MAX values");
         let low_bits = if len == 0 || universe <= len as u64 { 0 } else { (universe / len as u64).ilog2() };
         let max_high = values.last().map_or(0, |&v| v >> low_bits) as usize;
         let high_len_bits = len + max_high + 1;
-        let mut high = vec![0u64; high_len_bits.div_ceil(64)];
-        let mut low = vec![0u64; (len * low_bits as usize).div_ceil(64)];
+        assert!(high_len_bits < u32::MAX as usize, "EliasFano universe too large for its length");
+        let high_words = high_len_bits.div_ceil(64);
+        let mut words = vec![0u64; high_words + (len * low_bits as usize).div_ceil(64)];
         let mut prev = 0;
         for (i, &value) in values.iter().enumerate() {
             assert!(value >= prev, "EliasFano input must be non-decreasing");
             assert!(value < universe.max(1), "EliasFano value beyond universe");
             prev = value;
             let pos = (value >> low_bits) as usize + i;
-            high[pos / 64] |= 1 << (pos % 64);
-            set_bits(&mut low, i * low_bits as usize, low_bits, value);
+            words[pos / 64] |= 1 << (pos % 64);
+            set_bits(&mut words[high_words..], i * low_bits as usize, low_bits, value);
         }
-        let mut ef = Self { len, low_bits, high, high_len_bits, low, zero_samples: Vec::new(), one_samples: Vec::new() };
-        ef.build_samples();
+        Self::from_parts(len as u32, low_bits, high_len_bits as u32, words.into_boxed_slice(), access)
+    }
+
+    fn from_parts(len: u32, low_bits: u32, high_len_bits: u32, words: Box<[u64]>, access: bool) -> Self {
+        let mut ef = Self { len, low_bits, high_len_bits, words, samples: Box::default(), zero_samples: 0 };
+        let (mut zeros, mut ones) = (Vec::new(), Vec::new());
+        let (mut zero_count, mut one_count) = (0usize, 0usize);
+        for pos in 0..high_len_bits as usize {
+            if ef.words[pos / 64] >> (pos % 64) & 1 == 1 {
+                if access && one_count % SELECT_SAMPLE_EVERY == 0 {
+                    ones.push(pos as u32);
+                }
+                one_count += 1;
+            } else {
+                if zero_count % SELECT_SAMPLE_EVERY == 0 {
+                    zeros.push(pos as u32);
+                }
+                zero_count += 1;
+            }
+        }
+        ef.zero_samples = zeros.len() as u32;
+        zeros.extend(ones);
+        ef.samples = zeros.into_boxed_slice();
         ef
     }
 
-    fn build_samples(&mut self) {
-        let (mut zeros, mut ones) = (0usize, 0usize);
-        for pos in 0..self.high_len_bits {
-            if self.high[pos / 64] >> (pos % 64) & 1 == 1 {
-                if ones % SELECT_SAMPLE_EVERY == 0 {
-                    self.one_samples.push(pos as u32);
-                }
-                ones += 1;
-            } else {
-                if zeros % SELECT_SAMPLE_EVERY == 0 {
-                    self.zero_samples.push(pos as u32);
-                }
-                zeros += 1;
-            }
-        }
+    fn high(&self) -> &[u64] {
+        &self.words[..(self.high_len_bits as usize).div_ceil(64)]
+    }
+
+    fn low(&self) -> &[u64] {
+        &self.words[(self.high_len_bits as usize).div_ceil(64)..]
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Bytes of RAM used.
+    /// Bytes of RAM used (the struct and its heap parts).
     pub fn memory_bytes(&self) -> usize {
-        8 * (self.high.len() + self.low.len()) + 4 * (self.zero_samples.len() + self.one_samples.len())
+        std::mem::size_of::<Self>() + 8 * self.words.len() + 4 * self.samples.len()
     }
 
     /// The `i`-th value.
     pub fn get(&self, i: usize) -> u64 {
-        assert!(i < self.len);
+        assert!(i < self.len());
+        assert!(self.samples.len() > self.zero_samples as usize || self.len == 0, "EliasFano::get needs with_access");
         let high = (self.select(i, true) - i) as u64;
         (high << self.low_bits) | self.low_at(i)
     }
@@ -115,20 +142,24 @@ impl EliasFano {
     /// then a scan to the zero that ends it (buckets hold about one value).
     fn bucket(&self, x: u64) -> Range<usize> {
         let b = x >> self.low_bits;
-        let zeros_total = self.high_len_bits - self.len;
-        if self.len == 0 || b >= zeros_total as u64 {
-            return self.len..self.len;
+        let len = self.len();
+        let zeros_total = self.high_len_bits as usize - len;
+        if len == 0 || b >= zeros_total as u64 {
+            return len..len;
         }
         let b = b as usize;
-        let (start, mut pos) = if b == 0 { (0, 0) } else {
+        let (start, mut pos) = if b == 0 {
+            (0, 0)
+        } else {
             let zero = self.select(b - 1, false);
             (zero - (b - 1), zero + 1)
         };
+        let high = self.high();
         let mut end = start;
         loop {
             let shift = pos % 64;
             // Ones from `pos` on; bits shifted in at the top are zeros, so this stops in-word.
-            let ones = (!(self.high[pos / 64] >> shift)).trailing_zeros() as usize;
+            let ones = (!(high[pos / 64] >> shift)).trailing_zeros() as usize;
             end += ones;
             if ones < 64 - shift {
                 return start..end;
@@ -142,12 +173,13 @@ impl EliasFano {
     }
 
     fn low_at(&self, i: usize) -> u64 {
-        get_bits(&self.low, i * self.low_bits as usize, self.low_bits)
+        get_bits(self.low(), i * self.low_bits as usize, self.low_bits)
     }
 
     /// Position of the `rank`-th (0-based) one (or zero) in `high`.
     fn select(&self, rank: usize, ones: bool) -> usize {
-        let samples = if ones { &self.one_samples } else { &self.zero_samples };
+        let split = self.zero_samples as usize;
+        let samples = if ones { &self.samples[split..] } else { &self.samples[..split] };
         let mut pos = samples[rank / SELECT_SAMPLE_EVERY] as usize;
         let mut remaining = rank % SELECT_SAMPLE_EVERY;
         if remaining == 0 {
@@ -156,7 +188,7 @@ impl EliasFano {
         pos += 1;
         loop {
             let word_index = pos / 64;
-            let raw = self.high[word_index];
+            let raw = self.high()[word_index];
             let word = (if ones { raw } else { !raw }) >> (pos % 64);
             let count = word.count_ones() as usize;
             if remaining <= count {
@@ -169,43 +201,41 @@ impl EliasFano {
 
     /// Serialises into `out` (little-endian words).
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&(self.len as u64).to_le_bytes());
+        out.extend_from_slice(&u64::from(self.len).to_le_bytes());
         out.extend_from_slice(&u64::from(self.low_bits).to_le_bytes());
-        out.extend_from_slice(&(self.high_len_bits as u64).to_le_bytes());
-        for word in self.high.iter().chain(&self.low) {
+        out.extend_from_slice(&u64::from(self.high_len_bits).to_le_bytes());
+        for word in self.words.iter() {
             out.extend_from_slice(&word.to_le_bytes());
         }
     }
 
     pub fn encoded_bytes(&self) -> usize {
-        24 + 8 * (self.high.len() + self.low.len())
+        24 + 8 * self.words.len()
     }
 
-    /// Decodes what [`EliasFano::encode`] wrote, checking it is well formed (it comes from disk).
-    pub fn decode(bytes: &[u8]) -> Option<(Self, usize)> {
+    /// Decodes what [`EliasFano::encode`] wrote, checking it is well formed (it comes from disk);
+    /// `access` as in [`EliasFano::with_access`].
+    pub fn decode(bytes: &[u8], access: bool) -> Option<(Self, usize)> {
         let word = |i: usize| bytes.get(8 * i..8 * i + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-        let len = usize::try_from(word(0)?).ok()?;
+        let len = u32::try_from(word(0)?).ok().filter(|&l| l < u32::MAX)?;
         let low_bits = u32::try_from(word(1)?).ok().filter(|&b| b < 64)?;
-        let high_len_bits = usize::try_from(word(2)?).ok()?;
-        if len > (1 << 32) || high_len_bits > (1 << 34) || high_len_bits < len {
-            return None;
-        }
-        let high_words = high_len_bits.div_ceil(64);
-        let low_words = (len * low_bits as usize).div_ceil(64);
+        let high_len_bits = u32::try_from(word(2)?).ok().filter(|&h| h < u32::MAX && h >= len)?;
+        let high_words = (high_len_bits as usize).div_ceil(64);
+        let low_words = (len as usize * low_bits as usize).div_ceil(64);
         let total_words = 3 + high_words + low_words;
         if bytes.len() < 8 * total_words {
             return None;
         }
-        let high: Vec<u64> = (3..3 + high_words).map(|i| word(i).expect("checked")).collect();
-        let low: Vec<u64> = (3 + high_words..total_words).map(|i| word(i).expect("checked")).collect();
+        let words: Box<[u64]> = (3..total_words).map(|i| word(i).expect("checked")).collect();
+        let high = &words[..high_words];
         let ones: usize = high.iter().map(|w| w.count_ones() as usize).sum();
-        let tail_clean = high_len_bits % 64 == 0 || high.last().is_none_or(|w| w >> (high_len_bits % 64) == 0);
-        if ones != len || !tail_clean || (high_len_bits > len && high[(high_len_bits - 1) / 64] >> ((high_len_bits - 1) % 64) & 1 == 1) {
+        let tail = high_len_bits as usize % 64;
+        let tail_clean = tail == 0 || high.last().is_none_or(|w| w >> tail == 0);
+        let last_is_zero = high_len_bits == len || high[(high_len_bits as usize - 1) / 64] >> ((high_len_bits as usize - 1) % 64) & 1 == 0;
+        if ones != len as usize || !tail_clean || !last_is_zero {
             return None;
         }
-        let mut ef = Self { len, low_bits, high, high_len_bits, low, zero_samples: Vec::new(), one_samples: Vec::new() };
-        ef.build_samples();
-        Some((ef, 8 * total_words))
+        Some((Self::from_parts(len, low_bits, high_len_bits, words, access), 8 * total_words))
     }
 }
 
@@ -259,7 +289,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn check_against_model(values: &[u64], universe: u64) {
-        let ef = EliasFano::new(values, universe);
+        let ef = EliasFano::with_access(values, universe);
         for (i, &v) in values.iter().enumerate() {
             assert_eq!(ef.get(i), v);
         }
@@ -275,7 +305,7 @@ mod tests {
         let mut bytes = Vec::new();
         ef.encode(&mut bytes);
         assert_eq!(bytes.len(), ef.encoded_bytes());
-        let (decoded, used) = EliasFano::decode(&bytes).unwrap();
+        let (decoded, used) = EliasFano::decode(&bytes, true).unwrap();
         assert_eq!(used, bytes.len());
         assert_eq!(decoded, ef);
     }
@@ -295,22 +325,23 @@ mod tests {
     #[test]
     fn fingerprint_space_per_element() {
         let n = 100_000u64;
-        let universe = n.next_power_of_two() << 8;
+        // As the engine sizes fingerprints: `n << 8`, so 8 low bits and 2 high bits per value.
+        let universe = n << 8;
         let mut values: Vec<u64> = (0..n).map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) % universe).collect();
         values.sort_unstable();
         let ef = EliasFano::new(&values, universe);
         let bits_per = ef.memory_bytes() as f64 * 8.0 / n as f64;
-        assert!(bits_per < 8.0 + 2.0 + 1.5, "{bits_per} bits per element");
+        assert!(bits_per < 8.0 + 2.0 + 0.5, "{bits_per} bits per element");
     }
 
     #[test]
     fn decode_rejects_garbage() {
-        assert!(EliasFano::decode(&[0xff; 64]).is_none());
-        assert!(EliasFano::decode(&[1, 2, 3]).is_none());
+        assert!(EliasFano::decode(&[0xff; 64], false).is_none());
+        assert!(EliasFano::decode(&[1, 2, 3], false).is_none());
         let mut bytes = Vec::new();
         EliasFano::new(&[1, 7, 9], 16).encode(&mut bytes);
         bytes[24] ^= 0x10;
-        assert!(EliasFano::decode(&bytes).is_none());
+        assert!(EliasFano::decode(&bytes, false).is_none());
     }
 
     proptest! {

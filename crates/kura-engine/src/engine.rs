@@ -202,35 +202,46 @@ struct PartitionState {
     journal_first_sealing: Option<u64>,
 }
 
-/// A partition's blocks, indexed by slot (the ids its Bloom Filter Map returns).
+/// A partition's blocks under dense partition-local ids (the ids its Bloom Filter Map returns),
+/// so the table grows with the partition, not with the device.
 struct BlockTable {
-    by_slot: Vec<Option<(Arc<BlockIndex>, BfmColumn)>>,
-    len: usize,
+    entries: Vec<Option<(Arc<BlockIndex>, BfmColumn)>>,
+    free_ids: Vec<u32>,
+    id_of_slot: HashMap<u32, u32>,
 }
 
 impl BlockTable {
-    fn new(slots: u32) -> Self {
-        Self { by_slot: (0..slots).map(|_| None).collect(), len: 0 }
+    fn new() -> Self {
+        Self { entries: Vec::new(), free_ids: Vec::new(), id_of_slot: HashMap::new() }
     }
 
-    fn get(&self, slot: u32) -> Option<&(Arc<BlockIndex>, BfmColumn)> {
-        self.by_slot.get(slot as usize)?.as_ref()
+    fn get(&self, id: u32) -> Option<&(Arc<BlockIndex>, BfmColumn)> {
+        self.entries.get(id as usize)?.as_ref()
     }
 
-    fn insert(&mut self, slot: u32, entry: (Arc<BlockIndex>, BfmColumn)) {
-        let old = self.by_slot[slot as usize].replace(entry);
-        assert!(old.is_none(), "slot {slot} already holds a block");
-        self.len += 1;
+    /// An id for the next block; pass it to `insert` with the block.
+    fn next_id(&self) -> u32 {
+        self.free_ids.last().copied().unwrap_or(self.entries.len() as u32)
+    }
+
+    fn insert(&mut self, id: u32, entry: (Arc<BlockIndex>, BfmColumn)) {
+        assert_eq!(id, self.next_id());
+        let slot = entry.0.slot;
+        if self.free_ids.pop().is_none() {
+            self.entries.push(None);
+        }
+        self.entries[id as usize] = Some(entry);
+        assert!(self.id_of_slot.insert(slot, id).is_none(), "slot {slot} already holds a block");
     }
 
     fn remove(&mut self, slot: u32) -> Option<(Arc<BlockIndex>, BfmColumn)> {
-        let old = self.by_slot.get_mut(slot as usize)?.take();
-        self.len -= usize::from(old.is_some());
-        old
+        let id = self.id_of_slot.remove(&slot)?;
+        self.free_ids.push(id);
+        self.entries[id as usize].take()
     }
 
     fn memory_bytes(&self) -> usize {
-        self.by_slot.len() * std::mem::size_of::<Option<(Arc<BlockIndex>, BfmColumn)>>()
+        self.entries.capacity() * std::mem::size_of::<Option<(Arc<BlockIndex>, BfmColumn)>>() + 4 * self.free_ids.capacity() + 16 * self.id_of_slot.capacity()
     }
 }
 
@@ -545,7 +556,7 @@ impl Inner {
                 state: RwLock::new(PartitionState {
                     active: WriteBuffer::new(&geo),
                     sealing: None,
-                    blocks: BlockTable::new(sb.block_count),
+                    blocks: BlockTable::new(),
                     bfm: BloomFilterMap::new(),
                     journal_first_active: None,
                     journal_first_sealing: None,
@@ -980,8 +991,9 @@ impl Inner {
         let index = Arc::new(index);
         {
             let mut state = self.partitions[p].state.write();
-            let column = state.bfm.insert(index.slot, filter);
-            state.blocks.insert(index.slot, (Arc::clone(&index), column));
+            let id = state.blocks.next_id();
+            let column = state.bfm.insert(id, filter);
+            state.blocks.insert(id, (Arc::clone(&index), column));
         }
         let mut slots = self.slots.lock();
         slots.by_age.insert((index.max_version, index.block_seq, index.slot));
@@ -1452,7 +1464,7 @@ impl Inner {
         let (mut records, mut dead, mut tombstones, mut live_bytes, mut dead_bytes) = (0u64, 0u64, 0u64, 0u64, 0u64);
         for b in slots.live.values() {
             ram.page_index_bytes += b.memory_bytes() as u64;
-            ram.block_table_bytes += block::BLOCK_TABLE_ENTRY_BYTES as u64;
+            ram.block_table_bytes += block::block_overhead_bytes() as u64;
             records += u64::from(b.record_count);
             let d = u64::from(b.record_count - b.live_records_est());
             dead += d;
