@@ -240,6 +240,29 @@ pub struct Span {
 }
 
 impl BlockIndex {
+    fn new(geo: &BlockGeometry, slot: u32, device_offset_bytes: u64, h: &SummaryHeader, regions: (Option<Box<SmallRegion>>, Option<Box<LargeRegion>>)) -> Self {
+        let (small, large) = regions;
+        Self {
+            slot,
+            device_offset_bytes,
+            block_seq: h.block_seq,
+            partition: h.partition,
+            kind: h.kind,
+            min_version: h.min_version,
+            max_version: h.max_version,
+            record_count: h.record_count,
+            tombstone_count: h.tombstone_count,
+            user_bytes: h.user_bytes,
+            data_end_bytes: h.data_end_bytes,
+            page_size: geo.page_size as u32,
+            sector: geo.sector as u32,
+            small,
+            large,
+            dead_records_est: AtomicU32::new(0),
+            retired: AtomicBool::new(false),
+        }
+    }
+
     /// Order in which blocks are searched: newest versions first. GC output blocks sort by the
     /// newest version they carry, which keeps every key's newest version first (see DESIGN).
     pub fn order_key(&self) -> (u64, u64) {
@@ -375,21 +398,8 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
     let large_ef = fingerprints(&large, large_fp_universe);
     let ranks: Vec<u64> = page_first_ranks.iter().map(|&r| r as u64).collect();
     let ranks_ef = EliasFano::new(&ranks, small.len().max(1) as u64);
-    let uniform = large_lens.first().filter(|&&first| large_lens.iter().all(|&l| l == first)).copied();
     let region_end_sectors = ((data_end - large_offset) / geo.sector) as u64;
-    let large_slots = match uniform {
-        Some(len) => LargeSlots::Uniform { len_bytes: len as u32 },
-        None if large.is_empty() => LargeSlots::Uniform { len_bytes: 0 },
-        None => {
-            let mut starts = Vec::with_capacity(large_lens.len());
-            let mut at = 0u64;
-            for &len in &large_lens {
-                starts.push(at);
-                at += (len / geo.sector) as u64;
-            }
-            LargeSlots::Offsets { sectors: Box::new(EliasFano::with_access(&starts, region_end_sectors.max(1))), region_end_sectors }
-        }
-    };
+    let (large_slots, uniform) = large_slots_for(&large_lens, geo.sector, region_end_sectors);
 
     let index_ram = small_ef.memory_bytes() + ranks_ef.memory_bytes() + large_ef.memory_bytes() + 2 * std::mem::size_of::<LargeRegion>();
     let filter = bloom_filter(geo, records, index_ram + buffer_index_share_bytes(geo, !small.is_empty()));
@@ -414,17 +424,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
         small_fingerprint_universe: small_fp_universe,
         large_fingerprint_universe: large_fp_universe,
     };
-    let mut summary = vec![0u8; SUMMARY_HEADER_BYTES];
-    header.encode(geo.store_id, &mut summary);
-    for word in filter.words() {
-        summary.extend_from_slice(&word.to_le_bytes());
-    }
-    small_ef.encode(&mut summary);
-    ranks_ef.encode(&mut summary);
-    large_ef.encode(&mut summary);
-    if let LargeSlots::Offsets { sectors, .. } = &large_slots {
-        sectors.encode(&mut summary);
-    }
+    let summary = encode_summary(geo, &header, &filter, [&small_ef, &ranks_ef, &large_ef], &large_slots);
     let write_len = summary_offset + summary.len().next_multiple_of(geo.page_size);
     assert!(write_len <= geo.footer_offset(), "summary overruns the footer: bound was wrong");
     image[data_end..summary_offset].fill(0);
@@ -439,27 +439,44 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
         max_version: header.max_version,
         kind: spec.kind,
     };
-    let (small, large) = regions((small_fp_universe, small_ef, ranks_ef), (large_fp_universe, large_ef, large_offset as u64, large_slots));
-    let index = BlockIndex {
-        slot: spec.slot,
-        device_offset_bytes: spec.device_offset_bytes,
-        block_seq: spec.block_seq,
-        partition: spec.partition,
-        kind: spec.kind,
-        min_version: header.min_version,
-        max_version: header.max_version,
-        record_count: header.record_count,
-        tombstone_count: header.tombstone_count,
-        user_bytes: header.user_bytes,
-        data_end_bytes: data_end as u64,
-        page_size: geo.page_size as u32,
-        sector: geo.sector as u32,
-        small,
-        large,
-        dead_records_est: AtomicU32::new(0),
-        retired: AtomicBool::new(false),
-    };
+    let regions = regions((small_fp_universe, small_ef, ranks_ef), (large_fp_universe, large_ef, large_offset as u64, large_slots));
+    let index = BlockIndex::new(geo, spec.slot, spec.device_offset_bytes, &header, regions);
     Built { index, filter, footer, write_len }
+}
+
+/// How to find large slot `i`: one length for all when they are equal, else sector offsets.
+fn large_slots_for(lens: &[usize], sector: usize, region_end_sectors: u64) -> (LargeSlots, Option<usize>) {
+    let uniform = lens.first().filter(|&&first| lens.iter().all(|&l| l == first)).copied();
+    let slots = match uniform {
+        Some(len) => LargeSlots::Uniform { len_bytes: len as u32 },
+        None if lens.is_empty() => LargeSlots::Uniform { len_bytes: 0 },
+        None => {
+            let mut starts = Vec::with_capacity(lens.len());
+            let mut at = 0u64;
+            for &len in lens {
+                starts.push(at);
+                at += (len / sector) as u64;
+            }
+            LargeSlots::Offsets { sectors: Box::new(EliasFano::with_access(&starts, region_end_sectors.max(1))), region_end_sectors }
+        }
+    };
+    (slots, uniform)
+}
+
+/// The summary: header, Bloom filter words, then the Elias–Fano sections (see `format`).
+fn encode_summary(geo: &BlockGeometry, header: &SummaryHeader, filter: &BloomFilter, sections: [&EliasFano; 3], large_slots: &LargeSlots) -> Vec<u8> {
+    let mut summary = vec![0u8; SUMMARY_HEADER_BYTES];
+    header.encode(geo.store_id, &mut summary);
+    for word in filter.words() {
+        summary.extend_from_slice(&word.to_le_bytes());
+    }
+    for section in sections {
+        section.encode(&mut summary);
+    }
+    if let LargeSlots::Offsets { sectors, .. } = large_slots {
+        sectors.encode(&mut summary);
+    }
+    summary
 }
 
 /// Fingerprints of `n` records range over `n << fingerprint_bits`: the Elias–Fano high part
@@ -587,26 +604,8 @@ pub fn open_summary(
         }
         LargeSlots::Offsets { sectors: Box::new(sectors), region_end_sectors }
     };
-    let (small, large) = regions((h.small_fingerprint_universe, small, page_first_ranks), (h.large_fingerprint_universe, large, h.large_offset_bytes, large_slots));
-    let index = BlockIndex {
-        slot,
-        device_offset_bytes,
-        block_seq: h.block_seq,
-        partition: h.partition,
-        kind: h.kind,
-        min_version: h.min_version,
-        max_version: h.max_version,
-        record_count: h.record_count,
-        tombstone_count: h.tombstone_count,
-        user_bytes: h.user_bytes,
-        data_end_bytes: h.data_end_bytes,
-        page_size: geo.page_size as u32,
-        sector: geo.sector as u32,
-        small,
-        large,
-        dead_records_est: AtomicU32::new(0),
-        retired: AtomicBool::new(false),
-    };
+    let regions = regions((h.small_fingerprint_universe, small, page_first_ranks), (h.large_fingerprint_universe, large, h.large_offset_bytes, large_slots));
+    let index = BlockIndex::new(geo, slot, device_offset_bytes, &h, regions);
     Ok((index, filter))
 }
 

@@ -72,10 +72,10 @@ impl EngineConfig {
     /// Checks the parts that are independent of the device.
     pub fn validate(&self) -> Result<(), String> {
         let page = self.page_size_bytes;
-        if page < PAGE_SIZE_BYTES_UNIT || page % PAGE_SIZE_BYTES_UNIT != 0 || page > (1 << 20) {
+        if page < PAGE_SIZE_BYTES_UNIT || !page.is_multiple_of(PAGE_SIZE_BYTES_UNIT) || page > (1 << 20) {
             return Err(format!("page size {page} must be a multiple of 4096 up to 1 MiB"));
         }
-        if self.block_size_bytes % page != 0 || self.block_size_bytes < 16 * page {
+        if !self.block_size_bytes.is_multiple_of(page) || self.block_size_bytes < 16 * page {
             return Err(format!("block size {} must be a multiple of the page size and at least 16 pages", self.block_size_bytes));
         }
         if self.partitions > PARTITIONS_MAX {

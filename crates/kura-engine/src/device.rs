@@ -385,7 +385,7 @@ impl SimDevice {
                 1 => image[offset..offset + data.len()].copy_from_slice(data),
                 _ => {
                     for start in (0..data.len()).step_by(sector) {
-                        if rng.next() % 2 == 0 {
+                        if rng.next().is_multiple_of(2) {
                             let end = (start + sector).min(data.len());
                             image[offset + start..offset + end].copy_from_slice(&data[start..end]);
                         }
@@ -432,7 +432,7 @@ impl SimDevice {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let align = u64::from(self.alignment_bytes);
-        if offset_bytes % align != 0 || len as u64 % align != 0 || ptr as usize % 512 != 0 {
+        if !offset_bytes.is_multiple_of(align) || !(len as u64).is_multiple_of(align) || !(ptr as usize).is_multiple_of(512) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("unaligned I/O at {offset_bytes} len {len}")));
         }
         if offset_bytes + len as u64 > self.len_bytes {

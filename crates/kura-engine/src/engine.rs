@@ -1137,7 +1137,8 @@ impl Inner {
                 groups.entry(b.partition).or_default().push((live, b));
             }
         }
-        let mut groups: Vec<(f64, usize, Vec<(f64, Arc<BlockIndex>)>)> = groups
+        type Group = (f64, usize, Vec<(f64, Arc<BlockIndex>)>);
+        let mut groups: Vec<Group> = groups
             .into_iter()
             .map(|(p, mut group)| {
                 group.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -65,8 +65,8 @@ pub const JOURNAL_NO_ENTRY_START: u32 = u32::MAX;
 
 const _: () = assert!(CHECKPOINT_HEADER_BYTES + 8 * PARTITIONS_MAX as usize <= META_PAGE_SIZE_BYTES as usize);
 const _: () = assert!(META_REGION_BYTES >= 4 * META_PAGE_SIZE_BYTES);
-const _: () = assert!(PAGE_SIZE_BYTES_UNIT % SECTOR_SIZE_BYTES_MIN == 0);
-const _: () = assert!(BLOCK_REGION_ALIGNMENT_BYTES % META_REGION_BYTES == 0);
+const _: () = assert!(PAGE_SIZE_BYTES_UNIT.is_multiple_of(SECTOR_SIZE_BYTES_MIN));
+const _: () = assert!(BLOCK_REGION_ALIGNMENT_BYTES.is_multiple_of(META_REGION_BYTES));
 // A large record with the longest key still fits one sector beyond its 4 KiB value.
 const _: () = assert!(LARGE_HEADER_BYTES + KEY_SIZE_BYTES_MAX <= SECTOR_SIZE_BYTES_MIN as usize);
 
@@ -321,9 +321,9 @@ impl Superblock {
         range("partitions", u64::from(self.partitions), (1..=PARTITIONS_MAX).contains(&self.partitions))?;
         range("block_count", u64::from(self.block_count), self.block_count >= 2)?;
         range("journal_logical_pages", u64::from(self.journal_logical_pages), self.journal_logical_pages >= 4)?;
-        range("journal_offset_bytes", self.journal_offset_bytes, self.journal_offset_bytes % page == 0 && self.journal_offset_bytes >= META_REGION_BYTES)?;
+        range("journal_offset_bytes", self.journal_offset_bytes, self.journal_offset_bytes.is_multiple_of(page) && self.journal_offset_bytes >= META_REGION_BYTES)?;
         let journal_end = self.journal_offset_bytes + 2 * u64::from(self.journal_logical_pages) * page;
-        range("blocks_offset_bytes", self.blocks_offset_bytes, self.blocks_offset_bytes >= journal_end && self.blocks_offset_bytes % page == 0)?;
+        range("blocks_offset_bytes", self.blocks_offset_bytes, self.blocks_offset_bytes >= journal_end && self.blocks_offset_bytes.is_multiple_of(page))?;
         let end = self.blocks_offset_bytes + u64::from(self.block_count) * block;
         range("device_size_bytes", self.device_size_bytes, end <= self.device_size_bytes)?;
         range("index_bits_per_key", u64::from(self.index_bits_per_key), (4..=64).contains(&self.index_bits_per_key))?;
