@@ -108,8 +108,13 @@ impl Item {
 pub struct GetPlan {
     key: Vec<u8>,
     hash: KeyHash,
-    spans: Vec<(Arc<BlockIndex>, Span)>,
-    next: usize,
+    /// Candidate blocks, newest first; their page indexes are consulted one at a time, so a
+    /// hit in a new block never pays for probing older ones.
+    blocks: Vec<Arc<BlockIndex>>,
+    next_block: usize,
+    /// Reads the current block's page index named, and the next to try.
+    spans: Vec<Span>,
+    next_span: usize,
     restarts: u32,
 }
 
@@ -646,15 +651,16 @@ impl Inner {
     fn get_start(&self, key: &[u8]) -> Result<(GetPlan, GetStep)> {
         self.check_key(key)?;
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), spans: Vec::new(), next: 0, restarts: 0 };
+        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), blocks: Vec::new(), next_block: 0, spans: Vec::new(), next_span: 0, restarts: 0 };
         let step = self.plan(&mut plan);
         Ok((plan, step))
     }
 
-    /// Looks in RAM (buffers, Bloom Filter Map, page indexes) and fills `plan.spans`.
+    /// Looks in the write buffers, then asks the Bloom Filter Map for candidate blocks.
     fn plan(&self, plan: &mut GetPlan) -> GetStep {
+        plan.blocks.clear();
         plan.spans.clear();
-        plan.next = 0;
+        (plan.next_block, plan.next_span) = (0, 0);
         let p = plan.hash.partition(self.sb.partitions) as usize;
         let state = self.partitions[p].state.read();
         let buffers = std::iter::once(&state.active).chain(state.sealing.as_deref());
@@ -666,28 +672,28 @@ impl Inner {
         }
         let mut ids = Vec::with_capacity(16);
         state.bfm.candidates(&plan.hash, &mut ids);
-        let mut spans = Vec::new();
-        for id in ids {
-            let Some((block, _)) = state.blocks.get(id) else { continue };
-            spans.clear();
-            block.locate(&plan.hash, &mut spans);
-            plan.spans.extend(spans.iter().map(|s| (Arc::clone(block), *s)));
-        }
+        plan.blocks.extend(ids.into_iter().filter_map(|id| state.blocks.get(id).map(|(b, _)| Arc::clone(b))));
         drop(state);
-        // Newest block first; spans of one block keep their order (stable sort).
-        plan.spans.sort_by_key(|(b, _)| std::cmp::Reverse(b.order_key()));
+        plan.blocks.sort_unstable_by_key(|b| std::cmp::Reverse(b.order_key()));
         self.next_read(plan)
     }
 
-    fn next_read(&self, plan: &GetPlan) -> GetStep {
-        match plan.spans.get(plan.next) {
-            Some((_, span)) => GetStep::Read { offset_bytes: span.offset_bytes, len_bytes: span.len_bytes as usize },
-            None => GetStep::Done(None),
+    /// The next read to try: the current block's next span, else the next candidate block's.
+    fn next_read(&self, plan: &mut GetPlan) -> GetStep {
+        while plan.next_span == plan.spans.len() {
+            let Some(block) = plan.blocks.get(plan.next_block) else { return GetStep::Done(None) };
+            plan.next_block += 1;
+            plan.spans.clear();
+            plan.next_span = 0;
+            block.locate(&plan.hash, &mut plan.spans);
         }
+        let span = plan.spans[plan.next_span];
+        GetStep::Read { offset_bytes: span.offset_bytes, len_bytes: span.len_bytes as usize }
     }
 
     fn advance(&self, plan: &mut GetPlan, buf: AlignedBuf) -> Result<GetStep> {
-        let (block, span) = plan.spans.get(plan.next).cloned().expect("get_continue called after Done");
+        let span = *plan.spans.get(plan.next_span).expect("get_continue called after Done");
+        let block = Arc::clone(&plan.blocks[plan.next_block - 1]);
         self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
         self.counters.flash_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         assert_eq!(buf.len(), span.len_bytes as usize, "read length differs from the span asked for");
@@ -697,7 +703,7 @@ impl Inner {
                 Ok(GetStep::Done(item))
             }
             Ok(SpanLookup::NotHere) => {
-                plan.next += 1;
+                plan.next_span += 1;
                 Ok(self.next_read(plan))
             }
             Err(SpanError::Stale) => self.restart(plan),
