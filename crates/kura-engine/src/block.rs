@@ -82,7 +82,8 @@ impl BlockGeometry {
             + ef_bound(tally.small_count, fp + 4)
             + ef_bound(packed_pages, 16)
             + ef_bound(tally.large_count, fp + 4)
-            + ef_bound(tally.large_count, 40);
+            + ef_bound(tally.large_count, 40)
+            + 16 * DEAD_SAMPLES_MAX;
         data + summary.next_multiple_of(self.page_size) + self.page_size
     }
 
@@ -353,10 +354,34 @@ fn regions(
     (small, large)
 }
 
+/// Records per block whose key hashes are kept to estimate dead records (on average), and
+/// the most kept.
+pub const DEAD_SAMPLES_PER_BLOCK: usize = 128;
+pub const DEAD_SAMPLES_MAX: usize = 2 * DEAD_SAMPLES_PER_BLOCK;
+
+/// Key hashes of a deterministic sample of a block's records (those whose Bloom hash is a
+/// multiple of `every`): each one found in an older block marks about `every` records there
+/// as superseded. Kept in the summary so the estimate survives a reopen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadSamples {
+    pub every: u64,
+    pub hashes: Vec<KeyHash>,
+}
+
+impl DeadSamples {
+    fn of(records: &[RecordRef<'_>]) -> Self {
+        let every = (records.len() / DEAD_SAMPLES_PER_BLOCK).max(1).next_power_of_two() as u64;
+        let mut hashes: Vec<KeyHash> = records.iter().filter(|r| r.hash.bloom % every == 0).map(|r| r.hash).collect();
+        hashes.truncate(DEAD_SAMPLES_MAX);
+        Self { every, hashes }
+    }
+}
+
 /// A block image ready to write, and what to remember about it.
 pub struct Built {
     pub index: BlockIndex,
     pub filter: BloomFilter,
+    pub samples: DeadSamples,
     pub footer: Footer,
     /// Bytes at the start of the image to write (data and summary).
     pub write_len: usize,
@@ -403,6 +428,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
 
     let index_ram = small_ef.memory_bytes() + ranks_ef.memory_bytes() + large_ef.memory_bytes() + 2 * std::mem::size_of::<LargeRegion>();
     let filter = bloom_filter(geo, records, index_ram + buffer_index_share_bytes(geo, !small.is_empty()));
+    let samples = DeadSamples::of(records);
     let header = SummaryHeader {
         block_seq: spec.block_seq,
         partition: spec.partition,
@@ -423,8 +449,10 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
         large_uniform_bytes: uniform.unwrap_or(0) as u32,
         small_fingerprint_universe: small_fp_universe,
         large_fingerprint_universe: large_fp_universe,
+        dead_sample_count: samples.hashes.len() as u16,
+        dead_sample_every_log2: samples.every.trailing_zeros() as u8,
     };
-    let summary = encode_summary(geo, &header, &filter, [&small_ef, &ranks_ef, &large_ef], &large_slots);
+    let summary = encode_summary(geo, &header, &filter, [&small_ef, &ranks_ef, &large_ef], &large_slots, &samples);
     let write_len = summary_offset + summary.len().next_multiple_of(geo.page_size);
     assert!(write_len <= geo.footer_offset(), "summary overruns the footer: bound was wrong");
     image[data_end..summary_offset].fill(0);
@@ -441,7 +469,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
     };
     let regions = regions((small_fp_universe, small_ef, ranks_ef), (large_fp_universe, large_ef, large_offset as u64, large_slots));
     let index = BlockIndex::new(geo, spec.slot, spec.device_offset_bytes, &header, regions);
-    Built { index, filter, footer, write_len }
+    Built { index, filter, samples, footer, write_len }
 }
 
 /// How to find large slot `i`: one length for all when they are equal, else sector offsets.
@@ -464,7 +492,7 @@ fn large_slots_for(lens: &[usize], sector: usize, region_end_sectors: u64) -> (L
 }
 
 /// The summary: header, Bloom filter words, then the Elias–Fano sections (see `format`).
-fn encode_summary(geo: &BlockGeometry, header: &SummaryHeader, filter: &BloomFilter, sections: [&EliasFano; 3], large_slots: &LargeSlots) -> Vec<u8> {
+fn encode_summary(geo: &BlockGeometry, header: &SummaryHeader, filter: &BloomFilter, sections: [&EliasFano; 3], large_slots: &LargeSlots, samples: &DeadSamples) -> Vec<u8> {
     let mut summary = vec![0u8; SUMMARY_HEADER_BYTES];
     header.encode(geo.store_id, &mut summary);
     for word in filter.words() {
@@ -475,6 +503,10 @@ fn encode_summary(geo: &BlockGeometry, header: &SummaryHeader, filter: &BloomFil
     }
     if let LargeSlots::Offsets { sectors, .. } = large_slots {
         sectors.encode(&mut summary);
+    }
+    for h in &samples.hashes {
+        summary.extend_from_slice(&h.sort.to_le_bytes());
+        summary.extend_from_slice(&h.bloom.to_le_bytes());
     }
     summary
 }
@@ -557,7 +589,7 @@ pub fn open_summary(
     device_offset_bytes: u64,
     footer: &Footer,
     summary: &[u8],
-) -> Result<(BlockIndex, BloomFilter), FormatError> {
+) -> Result<(BlockIndex, BloomFilter, DeadSamples), FormatError> {
     if crc(summary) != footer.summary_crc {
         return Err(FormatError::BadChecksum);
     }
@@ -606,7 +638,12 @@ pub fn open_summary(
     };
     let regions = regions((h.small_fingerprint_universe, small, page_first_ranks), (h.large_fingerprint_universe, large, h.large_offset_bytes, large_slots));
     let index = BlockIndex::new(geo, slot, device_offset_bytes, &h, regions);
-    Ok((index, filter))
+    let mut hashes = Vec::with_capacity(usize::from(h.dead_sample_count));
+    for _ in 0..h.dead_sample_count {
+        hashes.push(KeyHash { sort: r.u64()?, bloom: r.u64()? });
+    }
+    let samples = DeadSamples { every: 1 << h.dead_sample_every_log2.min(31), hashes };
+    Ok((index, filter, samples))
 }
 
 /// What a read of a span says about a key.
@@ -737,8 +774,9 @@ mod tests {
         let spec = BuildSpec { slot: 3, device_offset_bytes: 0, block_seq: 9, partition: 1, kind: BlockKind::Normal };
         let built = build(&geo, &spec, refs, &mut image);
         let summary = &image[built.footer.summary_offset_bytes as usize..][..built.footer.summary_len_bytes as usize];
-        let (reopened, filter) = open_summary(&geo, 3, 0, &built.footer, summary).unwrap();
+        let (reopened, filter, samples) = open_summary(&geo, 3, 0, &built.footer, summary).unwrap();
         assert_eq!(filter, built.filter);
+        assert_eq!(samples, built.samples);
         let mut reads = 0;
         for r in refs {
             for index in [&built.index, &reopened] {

@@ -43,8 +43,6 @@ const GC_RESERVE_SLOTS: usize = 2;
 const GC_VICTIMS_MAX: usize = 8;
 /// A block is not worth collecting when more than this share of it is live.
 const GC_LIVE_FRACTION_MAX: f64 = 0.95;
-/// Dead-record estimation checks about this many records per sealed block.
-const DEAD_SAMPLES_PER_BLOCK: usize = 128;
 /// Samples checked per acquisition of the partition lock (writers get in between).
 const DEAD_SAMPLES_PER_LOCK: usize = 16;
 /// Blocks whose live records one garbage-collection pass examines exactly, at most.
@@ -879,8 +877,8 @@ impl Inner {
     fn seal_buffer(&self, p: usize, slot: u32, frozen: &WriteBuffer) -> Result<()> {
         let records = frozen.sorted_records();
         assert_eq!(block::records_fitting(&self.geo, &records), records.len(), "a write buffer outgrew its block");
-        let (index, filter, ticket) = self.write_block(p, slot, BlockKind::Normal, &records)?;
-        self.estimate_dead(p, &records);
+        let (index, filter, samples, ticket) = self.write_block(p, slot, BlockKind::Normal, &records)?;
+        self.estimate_dead(p, &samples, index.order_key());
         let journal_first = self.partitions[p].state.read().journal_first_sealing;
         self.unconfirmed.lock().push(Unconfirmed { ticket, partition: p, watermark: frozen.max_version(), journal_first });
         self.publish(p, index, &filter);
@@ -890,7 +888,7 @@ impl Inner {
 
     /// Builds and writes one block: data and summary, fdatasync, then the footer. Returns the
     /// block's index and the sync ticket after which its footer is durable.
-    fn write_block(&self, p: usize, slot: u32, kind: BlockKind, records: &[RecordRef<'_>]) -> Result<(BlockIndex, BloomFilter, u64)> {
+    fn write_block(&self, p: usize, slot: u32, kind: BlockKind, records: &[RecordRef<'_>]) -> Result<(BlockIndex, BloomFilter, block::DeadSamples, u64)> {
         let offset = self.sb.block_offset_bytes(slot);
         let spec = BuildSpec { slot, device_offset_bytes: offset, block_seq: self.last_block_seq.fetch_add(1, Ordering::AcqRel) + 1, partition: p as u32, kind };
         let mut image = self.images.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(self.geo.block_size));
@@ -905,7 +903,7 @@ impl Inner {
         let ticket = self.sync_started.load(Ordering::SeqCst);
         self.counters.flash_writes.fetch_add(2, Ordering::Relaxed);
         self.counters.flash_write_bytes.fetch_add((built.write_len + self.geo.page_size) as u64, Ordering::Relaxed);
-        Ok((built.index, built.filter, ticket))
+        Ok((built.index, built.filter, built.samples, ticket))
     }
 
     /// fdatasync with a ticket, so writes can tell when a later sync made them durable.
@@ -974,20 +972,23 @@ impl Inner {
         }
     }
 
-    /// Samples a new block's records: one found in an older block makes that block's version
-    /// dead. Feeds GC victim choice and the live-key estimate; never used for correctness.
-    fn estimate_dead(&self, p: usize, records: &[RecordRef<'_>]) {
-        let every = (records.len() / DEAD_SAMPLES_PER_BLOCK).max(1).next_power_of_two() as u64;
-        let samples: Vec<&RecordRef<'_>> = records.iter().filter(|r| r.hash.bloom % every == 0).collect();
+    /// Checks a block's sampled keys against the blocks searched after it: one found there
+    /// makes about `every` of that block's records dead. Feeds GC victim choice and the live
+    /// key estimate; never used for correctness.
+    fn estimate_dead(&self, p: usize, samples: &block::DeadSamples, newer_than: (u64, u64)) {
         let mut ids = Vec::new();
-        for batch in samples.chunks(DEAD_SAMPLES_PER_LOCK) {
+        for batch in samples.hashes.chunks(DEAD_SAMPLES_PER_LOCK) {
             let state = self.partitions[p].state.read();
-            for r in batch {
+            for hash in batch {
                 ids.clear();
-                state.bfm.candidates(&r.hash, &mut ids);
-                let newest_older = ids.iter().filter_map(|id| state.blocks.get(*id).map(|(b, _)| b)).filter(|b| b.may_contain(&r.hash)).max_by_key(|b| b.order_key());
+                state.bfm.candidates(hash, &mut ids);
+                let newest_older = ids
+                    .iter()
+                    .filter_map(|id| state.blocks.get(*id).map(|(b, _)| b))
+                    .filter(|b| b.order_key() < newer_than && b.may_contain(hash))
+                    .max_by_key(|b| b.order_key());
                 if let Some(block) = newest_older {
-                    block.dead_records_est.fetch_add(every as u32, Ordering::Relaxed);
+                    block.dead_records_est.fetch_add(samples.every as u32, Ordering::Relaxed);
                 }
             }
         }
@@ -1106,7 +1107,6 @@ impl Inner {
         let mut examined = 0;
         for (p, candidates) in self.gc_candidates() {
             let mut victims: Vec<(Arc<BlockIndex>, Vec<OwnedRecord>)> = Vec::new();
-            let mut tally = block::Tally::default();
             for block in candidates {
                 if examined == GC_EXAMINE_MAX {
                     return Ok(false);
@@ -1115,10 +1115,8 @@ impl Inner {
                 let mut live = Vec::new();
                 self.collect_live(p, &block, &mut live)?;
                 block.dead_records_est.store(block.record_count - live.len() as u32, Ordering::Relaxed);
-                live.iter().for_each(|r| tally.add(&self.geo, r.key.len(), r.value.len()));
                 victims.push((block, live));
-                let room = (victims.len() - 1) * self.geo.block_size * 9 / 10;
-                if tally.records == 0 || self.geo.sealed_bytes_bound(&tally) <= room {
+                if self.output_blocks(&victims) < victims.len() {
                     self.compact_into_new_blocks(p, victims)?;
                     return Ok(true);
                 }
@@ -1156,6 +1154,17 @@ impl Inner {
         groups.into_iter().map(|(_, p, group)| (p, group.into_iter().map(|(_, b)| b).collect())).collect()
     }
 
+    /// How many blocks the victims' live records need, cut as `compact_into_new_blocks` cuts them.
+    fn output_blocks(&self, victims: &[(Arc<BlockIndex>, Vec<OwnedRecord>)]) -> usize {
+        let records: Vec<RecordRef<'_>> = victims.iter().flat_map(|(_, live)| live.iter().map(OwnedRecord::as_ref)).collect();
+        let (mut blocks, mut rest) = (0, &records[..]);
+        while !rest.is_empty() {
+            rest = &rest[block::records_fitting(&self.geo, rest).max(1)..];
+            blocks += 1;
+        }
+        blocks
+    }
+
     /// Writes the victims' live records into new blocks, in victim order, retiring each victim
     /// as soon as all its records are written, so one free slot is always enough.
     fn compact_into_new_blocks(&self, p: usize, victims: Vec<(Arc<BlockIndex>, Vec<OwnedRecord>)>) -> Result<()> {
@@ -1172,10 +1181,11 @@ impl Inner {
         while start < queue.len() {
             let mut chunk: Vec<RecordRef<'_>> = queue[start..].iter().map(|(_, r)| r.as_ref()).collect();
             let n = block::records_fitting(&self.geo, &chunk);
+            assert!(n > 0, "a record larger than a block reached garbage collection");
             chunk.truncate(n);
             chunk.sort_unstable_by(block::record_order);
             let slot = self.slots.lock().free.pop().ok_or_else(|| Error::Failed("garbage collection has no free slot".into()))?;
-            let (index, filter, _) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
+            let (index, filter, _, _) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
             // The output's footer must be durable before any victim is freed.
             self.device_sync("gc output sync")?;
             self.publish(p, index, &filter);
@@ -1194,6 +1204,7 @@ impl Inner {
         self.counters.gc_records_moved.fetch_add(moved as u64, Ordering::Relaxed);
         self.counters.gc_blocks_freed.fetch_add(victim_count.saturating_sub(outputs) as u64, Ordering::Relaxed);
         tracing::debug!(victims = victim_count, outputs, moved, "garbage collection pass");
+
 
         Ok(())
     }
@@ -1356,7 +1367,7 @@ impl Inner {
         })?;
         let count = loaded.len();
         let mut watermarks = self.checkpoint.lock().confirmed.clone();
-        for (index, _) in &loaded {
+        for (index, _, _) in &loaded {
             if index.kind == BlockKind::Normal {
                 let w = &mut watermarks[index.partition as usize];
                 *w = (*w).max(index.max_version);
@@ -1371,12 +1382,17 @@ impl Inner {
         }
         self.checkpoint.lock().confirmed = watermarks;
         let mut used = vec![false; sb.block_count as usize];
-        for (index, filter) in loaded {
+        let mut estimates = Vec::with_capacity(loaded.len());
+        for (index, filter, samples) in loaded {
             used[index.slot as usize] = true;
             if index.partition >= sb.partitions {
                 return Err(Error::Corrupt { what: "block partition", offset_bytes: index.device_offset_bytes, source: FormatError::OutOfRange { field: "partition", value: u64::from(index.partition) } });
             }
+            estimates.push((index.partition as usize, index.order_key(), samples));
             self.publish(index.partition as usize, index, &filter);
+        }
+        for (p, order_key, samples) in &estimates {
+            self.estimate_dead(*p, samples, *order_key);
         }
         self.slots.lock().free = (0..sb.block_count).rev().filter(|&s| !used[s as usize]).collect();
         Ok(count)
@@ -1447,7 +1463,7 @@ impl Inner {
         let mut summary = AlignedBuf::zeroed((footer.summary_len_bytes as usize).next_multiple_of(self.geo.page_size));
         let at = offset + footer.summary_offset_bytes;
         self.io("summary read", at, self.device.read_at(at, &mut summary))?;
-        Ok(block::open_summary(&self.geo, slot, offset, &footer, &summary[..footer.summary_len_bytes as usize]).ok())
+        Ok(block::open_summary(&self.geo, slot, offset, &footer, &summary[..footer.summary_len_bytes as usize]).ok().map(|(index, filter, _)| (index, filter)))
     }
 
     // ---- stats ----

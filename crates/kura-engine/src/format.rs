@@ -556,7 +556,8 @@ impl Footer {
 /// Fixed part of a block summary. The sections follow it in this order, each self-delimiting:
 /// the Bloom filter words (`bloom_m_bits / 64` rounded up), the small records' fingerprint
 /// Elias–Fano sequence, the packed pages' first-record ranks, the large records' fingerprints,
-/// and (unless every large slot has the same length) the large slots' sector offsets.
+/// (unless every large slot has the same length) the large slots' sector offsets, and the
+/// sampled key hashes (`dead_sample_count` pairs of u64: sort hash, Bloom hash).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SummaryHeader {
     pub block_seq: u64,
@@ -581,6 +582,10 @@ pub struct SummaryHeader {
     /// Universe of the small / large records' fingerprints (`n << fingerprint_bits`).
     pub small_fingerprint_universe: u64,
     pub large_fingerprint_universe: u64,
+    /// Sampled key hashes kept for estimating dead records at reopen: how many, and the
+    /// sampling period (a power of two, as its log2).
+    pub dead_sample_count: u16,
+    pub dead_sample_every_log2: u8,
 }
 
 impl SummaryHeader {
@@ -609,7 +614,10 @@ impl SummaryHeader {
             .u32(self.bloom_k)
             .u32(self.large_uniform_bytes)
             .u64(self.small_fingerprint_universe)
-            .u64(self.large_fingerprint_universe);
+            .u64(self.large_fingerprint_universe)
+            .u16(self.dead_sample_count)
+            .u8(self.dead_sample_every_log2)
+            .u8(0);
     }
 
     pub fn decode(bytes: &[u8], store_id: u64) -> Result<Self, FormatError> {
@@ -642,7 +650,10 @@ impl SummaryHeader {
             large_uniform_bytes: r.u32()?,
             small_fingerprint_universe: r.u64()?,
             large_fingerprint_universe: r.u64()?,
+            dead_sample_count: r.u16()?,
+            dead_sample_every_log2: r.u8()?,
         };
+        r.u8()?;
         debug_assert!(r.pos() <= SUMMARY_HEADER_BYTES);
         if header.small_count.checked_add(header.large_count) != Some(header.record_count) {
             return Err(FormatError::OutOfRange { field: "summary record counts", value: u64::from(header.record_count) });

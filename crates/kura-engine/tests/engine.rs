@@ -186,6 +186,24 @@ fn store_mode_full_device_is_a_clear_error_and_deletes_make_room() {
 }
 
 #[test]
+fn live_key_estimate_survives_reopen() {
+    let dev = sim(32 << 20);
+    let cfg = config(Mode::Store);
+    let engine = create(&dev, &cfg);
+    for round in 0..4u32 {
+        for i in 0..5000u32 {
+            engine.put(&key(i), &value_for(i, round, 300)).unwrap();
+        }
+    }
+    let before = engine.stats().keys_estimate;
+    drop(engine);
+    let after = open(&dev, &cfg).stats().keys_estimate;
+    for estimate in [before, after] {
+        assert!((4000..6500).contains(&estimate), "estimated {estimate} live keys of 5000 (before reopen {before})");
+    }
+}
+
+#[test]
 fn bad_input_is_refused() {
     let dev = sim(DEVICE_BYTES);
     let engine = create(&dev, &config(Mode::Store));
