@@ -1,7 +1,9 @@
 //! The `kura` command.
 
 mod bench_engine;
+mod bench_server;
 mod engine_cmd;
+mod serve;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the memcached protocol from a kura store (values on flash, hot items in RAM).
+    Serve(serve::ServeArgs),
     /// Work with an embedded engine store in a local file or on a raw device.
     Engine {
         #[command(subcommand)]
@@ -37,6 +41,8 @@ enum Command {
 enum BenchCommand {
     /// The flash KV engine against fio on the same file (paper 002's measurements).
     Engine(bench_engine::EngineBenchArgs),
+    /// kura's memcached server against memcached (DRAM) and memcached with extstore (paper 003).
+    Server(bench_server::ServerBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,6 +51,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Engine { command } => engine_cmd::run(command),
         Command::Bench { command: BenchCommand::Engine(args) } => bench_engine::run(&args),
+        Command::Serve(args) => serve::run(&args),
+        Command::Bench { command: BenchCommand::Server(args) } => bench_server::run(&args),
     }
 }
 

@@ -1,0 +1,220 @@
+//! The command line of `kura serve` (and of the `kura-server` binary), with
+//! memcached's option names where memcached has the option.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{
+    self, Bytes, MAX_CONNECTIONS_DEFAULT, MEMORY_LIMIT_MB_DEFAULT, ModeArg, PORT_DEFAULT,
+    ServerConfig, SyncPolicy,
+};
+
+/// Serve the memcached protocol from a kura store: values on flash, hot items in RAM.
+///
+/// Any memcached client works unchanged (text and meta protocol; the binary
+/// protocol is refused). Data survives restarts in both modes. Stop with
+/// SIGTERM or Ctrl-C: the server stops accepting, answers what is in flight,
+/// syncs and exits 0.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// TCP port to listen on (memcached -p).
+    #[arg(short = 'p', long = "port", default_value_t = PORT_DEFAULT)]
+    pub port: u16,
+    /// Address to listen on; several separated by commas (memcached -l).
+    #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
+    pub listen: String,
+    /// UDP port (memcached -U). kura speaks TCP only, so 0 (off, memcached's default) is the only value accepted.
+    #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
+    pub udp_port: u16,
+    /// Most client connections at once; past it a new connection gets
+    /// "ERROR Too many open connections" and is closed (memcached -c).
+    #[arg(short = 'c', long = "max-connections", default_value_t = MAX_CONNECTIONS_DEFAULT)]
+    pub max_connections: usize,
+    /// Worker threads, each with its own connections and flash read queue
+    /// (memcached -t). Default: one per CPU.
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// RAM for the cache of hot items in front of flash, in MiB (memcached -m;
+    /// data lives on flash, so this bounds RAM, not capacity). 0 turns the cache off.
+    #[arg(short = 'm', long = "memory-limit-mb", visible_alias = "memory-limit", default_value_t = MEMORY_LIMIT_MB_DEFAULT)]
+    pub memory_limit_mb: u64,
+    /// Largest item (memcached -I): bytes, or with a k/m suffix. As in memcached
+    /// the limit counts the item's key and header (kura's is 40 bytes plus the
+    /// `VALUE` line), so the largest value is a little smaller.
+    #[arg(short = 'I', long = "max-item-size", default_value = "1m")]
+    pub max_item_size: Bytes,
+    /// The store: a file (created when missing) or a block device.
+    #[arg(long, default_value = "kura-data/kura.kura")]
+    pub path: PathBuf,
+    /// Size of the store file when it is created (e.g. 1G, 64G); ignored for an existing store.
+    #[arg(long, default_value = "1G")]
+    pub size: Bytes,
+    /// cache: when full, drop the oldest data (a SET never waits); store: never
+    /// drop, answer "SERVER_ERROR out of memory" when live data fills the device.
+    /// Default: the existing store's mode, or cache for a new one.
+    #[arg(long)]
+    pub mode: Option<ModeArg>,
+    /// When writes become durable: always (before each reply), never (only at a
+    /// clean shutdown), or an interval such as 1000ms or 5s. A clean SIGTERM
+    /// always syncs; with an interval a crash loses at most that much.
+    #[arg(long, default_value = "1000ms")]
+    pub sync: SyncPolicy,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9150).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Close connections idle this many seconds; 0 never does (memcached's idle_timeout).
+    #[arg(long, default_value_t = 0)]
+    pub idle_timeout_s: u64,
+    /// Block size of a new store; default: the smallest power of two, at least
+    /// 4M, that holds four of the largest item.
+    #[arg(long)]
+    pub block_size: Option<Bytes>,
+    /// Engine threads that write full blocks to flash in the background.
+    #[arg(long, default_value_t = 2)]
+    pub seal_threads: usize,
+}
+
+impl ServeArgs {
+    /// The server configuration these arguments describe.
+    pub fn to_config(&self) -> Result<ServerConfig, String> {
+        if self.udp_port != 0 {
+            return Err(format!(
+                "-U {}: kura serves memcached over TCP only; UDP is not supported (use -U 0, the default)",
+                self.udp_port
+            ));
+        }
+        let mut listen = Vec::new();
+        for host in self
+            .listen
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+        {
+            let addrs = (host, self.port)
+                .to_socket_addrs()
+                .map_err(|e| format!("-l {host}: {e}"))?;
+            listen.extend(addrs);
+        }
+        listen.dedup();
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()));
+        let item_size_max_bytes =
+            usize::try_from(self.max_item_size.0).map_err(|_| "-I is too large".to_owned())?;
+        let block_size_bytes = self
+            .block_size
+            .map(|b| u32::try_from(b.0).map_err(|_| "--block-size must be below 4G".to_owned()))
+            .transpose()?;
+        let config = ServerConfig {
+            listen,
+            max_connections: self.max_connections,
+            threads,
+            memory_limit_bytes: self.memory_limit_mb.saturating_mul(1 << 20),
+            item_size_max_bytes,
+            path: self.path.clone(),
+            size_bytes: self.size.0,
+            mode: self.mode.map(|m| m.0),
+            block_size_bytes,
+            sync: self.sync,
+            metrics_addr: self.metrics_addr,
+            idle_timeout: (self.idle_timeout_s > 0)
+                .then(|| Duration::from_secs(self.idle_timeout_s)),
+            output_high_bytes: config::OUTPUT_HIGH_BYTES_DEFAULT,
+            pending_reads_per_conn_max: config::PENDING_READS_PER_CONN_MAX,
+            read_queue_depth: config::READ_QUEUE_DEPTH_DEFAULT,
+            seal_threads: self.seal_threads,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn config(args: &[&str]) -> Result<ServerConfig, String> {
+        let cli = Cli::try_parse_from(std::iter::once("kura-server").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.serve.to_config()
+    }
+
+    #[test]
+    fn defaults_are_memcacheds() {
+        let c = config(&[]).unwrap();
+        assert_eq!(
+            c.listen,
+            vec!["127.0.0.1:11211".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(c.max_connections, 1024);
+        assert_eq!(c.memory_limit_bytes, 64 << 20);
+        assert_eq!(c.item_size_max_bytes, 1 << 20);
+        assert_eq!(c.sync, SyncPolicy::Every(Duration::from_secs(1)));
+        assert_eq!(c.idle_timeout, None);
+        assert!(c.threads >= 1);
+    }
+
+    #[test]
+    fn memcached_style_options() {
+        let c = config(&[
+            "-p",
+            "22000",
+            "-l",
+            "127.0.0.1,::1",
+            "-c",
+            "10",
+            "-t",
+            "3",
+            "-m",
+            "128",
+            "-I",
+            "2m",
+            "--mode",
+            "store",
+            "--sync",
+            "always",
+            "--idle-timeout-s",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert!(c.listen.iter().all(|a| a.port() == 22000));
+        assert_eq!(
+            (
+                c.max_connections,
+                c.threads,
+                c.memory_limit_bytes,
+                c.item_size_max_bytes
+            ),
+            (10, 3, 128 << 20, 2 << 20)
+        );
+        assert_eq!(c.mode, Some(kura_engine::Mode::Store));
+        assert_eq!(c.sync, SyncPolicy::Always);
+        assert_eq!(c.idle_timeout, Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn udp_is_refused_with_a_reason() {
+        assert!(config(&["-U", "0"]).is_ok());
+        let error = config(&["-U", "11211"]).unwrap_err();
+        assert!(error.contains("UDP is not supported"), "{error}");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(config(&["-I", "10"]).unwrap_err().contains("max-item-size"));
+        assert!(config(&["-t", "0"]).is_err());
+        assert!(config(&["--sync", "sometimes"]).is_err());
+        assert!(config(&["--mode", "both"]).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! Server configuration: a plain struct with named limits, and the parsers
+//! for the command line's values.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use kura_engine::Mode;
+
+/// memcached's default port.
+pub const PORT_DEFAULT: u16 = 11211;
+/// memcached's default `-c`.
+pub const MAX_CONNECTIONS_DEFAULT: usize = 1024;
+/// memcached's default `-m`, in MiB.
+pub const MEMORY_LIMIT_MB_DEFAULT: u64 = 64;
+/// memcached's default `-I`.
+pub const ITEM_SIZE_MAX_BYTES_DEFAULT: usize = 1 << 20;
+/// memcached refuses `-I` below 1 KiB.
+pub const ITEM_SIZE_MAX_BYTES_MIN: usize = 1024;
+/// kura's largest `-I` (blocks must hold four items).
+pub const ITEM_SIZE_MAX_BYTES_MAX: usize = 64 << 20;
+/// Default store size when creating one.
+pub const STORE_SIZE_BYTES_DEFAULT: u64 = 1 << 30;
+/// Default interval of `--sync`.
+pub const SYNC_INTERVAL_DEFAULT: Duration = Duration::from_millis(1000);
+/// Reply bytes a connection may have unsent before the server stops reading from it.
+pub const OUTPUT_HIGH_BYTES_DEFAULT: usize = 4 << 20;
+/// Flash reads one connection may have in flight before the server stops reading from it.
+pub const PENDING_READS_PER_CONN_MAX: usize = 256;
+/// Flash reads in flight per worker.
+pub const READ_QUEUE_DEPTH_DEFAULT: usize = 256;
+
+/// When writes are made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Before each reply to a write (writes of one loop turn share one sync).
+    Always,
+    /// Every interval, when something was written.
+    Every(Duration),
+    /// Only at a clean shutdown (and when the engine's buffers fill).
+    Never,
+}
+
+impl FromStr for SyncPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "always" => return Ok(Self::Always),
+            "never" => return Ok(Self::Never),
+            _ => {}
+        }
+        let (digits, unit_ms) = if let Some(d) = s.strip_suffix("ms") {
+            (d, 1)
+        } else if let Some(d) = s.strip_suffix('s') {
+            (d, 1000)
+        } else {
+            (s, 1)
+        };
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("{s:?}: use always, never, or an interval like 1000ms or 5s"))?;
+        if n == 0 {
+            return Err("a sync interval must be above 0 (or say never)".to_owned());
+        }
+        Ok(Self::Every(Duration::from_millis(
+            n.saturating_mul(unit_ms),
+        )))
+    }
+}
+
+impl fmt::Display for SyncPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Always => write!(f, "always"),
+            Self::Never => write!(f, "never"),
+            Self::Every(d) => write!(f, "{}ms", d.as_millis()),
+        }
+    }
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModeArg(pub Mode);
+
+impl FromStr for ModeArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cache" => Ok(Self(Mode::Cache)),
+            "store" => Ok(Self(Mode::Store)),
+            _ => Err(format!("{s:?}: use cache or store")),
+        }
+    }
+}
+
+/// A byte size as memcached's `-I` takes it (`1m`, `512k`, `1048576`) or
+/// kura's `--size` (`1G`, `64M`, `2GiB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl FromStr for Bytes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (digits, unit) = s.split_at(split);
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("{s:?} is not a size (try 4096, 64k, 1m, 1G)"))?;
+        let shift = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kb" | "kib" => 10,
+            "m" | "mb" | "mib" => 20,
+            "g" | "gb" | "gib" => 30,
+            "t" | "tb" | "tib" => 40,
+            other => return Err(format!("unknown size unit {other:?} (use k, m, g or t)")),
+        };
+        n.checked_mul(1 << shift)
+            .map(Bytes)
+            .ok_or_else(|| format!("{s:?} is too large"))
+    }
+}
+
+/// Everything the server needs to start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Addresses to listen on (memcached's `-l`, resolved).
+    pub listen: Vec<SocketAddr>,
+    pub max_connections: usize,
+    pub threads: usize,
+    pub memory_limit_bytes: u64,
+    pub item_size_max_bytes: usize,
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    pub mode: Option<Mode>,
+    pub block_size_bytes: Option<u32>,
+    pub sync: SyncPolicy,
+    pub metrics_addr: Option<SocketAddr>,
+    pub idle_timeout: Option<Duration>,
+    pub output_high_bytes: usize,
+    pub pending_reads_per_conn_max: usize,
+    pub read_queue_depth: usize,
+    /// Engine threads that write sealed blocks.
+    pub seal_threads: usize,
+}
+
+impl ServerConfig {
+    /// Checks values that depend on each other.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.listen.is_empty() {
+            return Err("nothing to listen on".to_owned());
+        }
+        if self.threads == 0 {
+            return Err("-t/--threads must be at least 1".to_owned());
+        }
+        if self.max_connections == 0 {
+            return Err("-c/--max-connections must be at least 1".to_owned());
+        }
+        if !(ITEM_SIZE_MAX_BYTES_MIN..=ITEM_SIZE_MAX_BYTES_MAX).contains(&self.item_size_max_bytes)
+        {
+            return Err(format!(
+                "-I/--max-item-size must be between {ITEM_SIZE_MAX_BYTES_MIN} bytes and {} MiB",
+                ITEM_SIZE_MAX_BYTES_MAX >> 20
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_policies() {
+        assert_eq!("always".parse(), Ok(SyncPolicy::Always));
+        assert_eq!("never".parse(), Ok(SyncPolicy::Never));
+        assert_eq!(
+            "250ms".parse(),
+            Ok(SyncPolicy::Every(Duration::from_millis(250)))
+        );
+        assert_eq!("5s".parse(), Ok(SyncPolicy::Every(Duration::from_secs(5))));
+        assert_eq!(
+            "100".parse(),
+            Ok(SyncPolicy::Every(Duration::from_millis(100)))
+        );
+        assert!("0ms".parse::<SyncPolicy>().is_err());
+        assert!("sometimes".parse::<SyncPolicy>().is_err());
+        assert_eq!(
+            SyncPolicy::Every(Duration::from_millis(250)).to_string(),
+            "250ms"
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!("1m".parse(), Ok(Bytes(1 << 20)));
+        assert_eq!("512k".parse(), Ok(Bytes(512 << 10)));
+        assert_eq!("1G".parse(), Ok(Bytes(1 << 30)));
+        assert_eq!("4096".parse(), Ok(Bytes(4096)));
+        assert!("1q".parse::<Bytes>().is_err());
+        assert!("x".parse::<Bytes>().is_err());
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!("cache".parse(), Ok(ModeArg(Mode::Cache)));
+        assert_eq!("store".parse(), Ok(ModeArg(Mode::Store)));
+        assert!("both".parse::<ModeArg>().is_err());
+    }
+}

@@ -1,0 +1,416 @@
+//! Starting, running and stopping the server.
+//!
+//! Threads: the main thread waits for SIGTERM/SIGINT; one acceptor thread
+//! takes new connections and hands them to the workers in turn (refusing
+//! those over `-c` as memcached does); `-t` workers each run an event loop
+//! (`worker`); with `--sync <interval>` a syncer thread makes writes durable;
+//! with `--metrics-addr` a thread answers scrapes. The engine has its own
+//! sealer threads.
+//!
+//! Shutdown: stop accepting, let every worker answer what is in flight and
+//! close its connections, sync the store, close it, return.
+
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kura_proto::ParserLimits;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use crate::config::{ServerConfig, SyncPolicy};
+use crate::signals::TerminationSignals;
+use crate::stats::{ConnStats, ServerInfo, StatsSources, WorkerStats};
+use crate::store::{Store, StoreConfig, StoreError};
+use crate::worker::{Shared, WAKER, Worker, WorkerLimits};
+
+/// What a refused connection is told (memcached 1.6's words).
+const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections\r\n";
+const ACCEPTOR_WAKER: Token = Token(usize::MAX);
+const SIGNAL_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Tells the syncer thread to stop (the flag) and wakes it (the condvar).
+type StopSignal = Arc<(Mutex<bool>, Condvar)>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot open the store at {path}: {source}")]
+    Store { path: String, source: StoreError },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: io::Error },
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: io::Error },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("a worker thread failed; the server stopped")]
+    WorkerFailed,
+    #[error("the final sync failed, recent writes may be lost: {0}")]
+    FinalSync(StoreError),
+}
+
+/// A running server, for embedding and tests: stop it with [`Server::shutdown`].
+pub struct Server {
+    shared: Arc<Shared>,
+    local_addrs: Vec<SocketAddr>,
+    acceptor: Option<(JoinHandle<()>, Arc<Waker>)>,
+    workers: Vec<(JoinHandle<()>, Arc<Waker>)>,
+    syncer: Option<(JoinHandle<()>, StopSignal)>,
+    metrics: Option<JoinHandle<()>>,
+}
+
+/// Runs the server until SIGTERM or SIGINT, then shuts it down cleanly.
+pub fn run(config: &ServerConfig) -> Result<(), ServerError> {
+    // Before any thread starts, so that every thread inherits the mask.
+    let signals = TerminationSignals::block().map_err(|source| ServerError::Io {
+        what: "blocking signals",
+        source,
+    })?;
+    let server = Server::start(config)?;
+    for addr in server.local_addrs() {
+        tracing::info!(%addr, path = %config.path.display(), "kura serves memcached");
+    }
+    loop {
+        if let Some(signal) = signals.wait(SIGNAL_POLL_INTERVAL) {
+            tracing::info!(signal, "shutting down");
+            break;
+        }
+        if server.shared.shutdown.load(Ordering::Acquire) {
+            tracing::error!("a worker stopped; shutting down");
+            break;
+        }
+    }
+    server.shutdown()
+}
+
+impl Server {
+    /// Opens the store, binds, and starts every thread.
+    pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
+        config.validate().map_err(ServerError::Config)?;
+        let store = open_store(config)?;
+        let listeners = bind_all(&config.listen)?;
+        let local_addrs = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect::<Vec<_>>();
+        let metrics_listener = config
+            .metrics_addr
+            .map(|addr| {
+                crate::metrics::bind(addr).map_err(|source| ServerError::Metrics { addr, source })
+            })
+            .transpose()?;
+
+        let worker_stats: Vec<Arc<WorkerStats>> = (0..config.threads)
+            .map(|_| Arc::new(WorkerStats::default()))
+            .collect();
+        let conns = Arc::new(ConnStats::default());
+        let shared = Arc::new(Shared {
+            sources: StatsSources {
+                info: ServerInfo {
+                    started: Instant::now(),
+                    started_unix_s: crate::clock::unix_now_s(),
+                    threads: config.threads,
+                    max_connections: config.max_connections,
+                    item_size_max_bytes: config.item_size_max_bytes,
+                    port: local_addrs.first().map_or(0, SocketAddr::port),
+                },
+                conns: Arc::clone(&conns),
+                workers: worker_stats.clone(),
+                store: Arc::clone(&store),
+            },
+            store,
+            conns,
+            limits: worker_limits(config),
+            shutdown: AtomicBool::new(false),
+        });
+
+        let mut workers = Vec::new();
+        let mut inboxes = Vec::new();
+        for (index, stats) in worker_stats.into_iter().enumerate() {
+            let poll = Poll::new().map_err(|source| ServerError::Io {
+                what: "creating a worker's poll",
+                source,
+            })?;
+            let waker =
+                Arc::new(
+                    Waker::new(poll.registry(), WAKER).map_err(|source| ServerError::Io {
+                        what: "creating a waker",
+                        source,
+                    })?,
+                );
+            let (tx, rx) = mpsc::channel();
+            let worker = Worker::new(Arc::clone(&shared), stats, poll, rx).map_err(|source| {
+                ServerError::Io {
+                    what: "starting a worker",
+                    source,
+                }
+            })?;
+            let guard_shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("kura-worker-{index}"))
+                .spawn(move || {
+                    let _guard = StopOnExit(guard_shared);
+                    worker.run();
+                })
+                .map_err(|source| ServerError::Io {
+                    what: "spawning a worker",
+                    source,
+                })?;
+            inboxes.push((tx, Arc::clone(&waker)));
+            workers.push((handle, waker));
+        }
+
+        let acceptor = start_acceptor(
+            listeners,
+            inboxes,
+            Arc::clone(&shared),
+            config.max_connections,
+        )?;
+        let syncer = match config.sync {
+            SyncPolicy::Every(interval) => Some(start_syncer(Arc::clone(&shared), interval)?),
+            SyncPolicy::Always | SyncPolicy::Never => None,
+        };
+        let metrics = match metrics_listener {
+            Some(listener) => {
+                let shared = Arc::clone(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("kura-metrics".to_owned())
+                        .spawn(move || crate::metrics::serve(listener, shared))
+                        .map_err(|source| ServerError::Io {
+                            what: "spawning the metrics thread",
+                            source,
+                        })?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            shared,
+            local_addrs,
+            acceptor: Some(acceptor),
+            workers,
+            syncer,
+            metrics,
+        })
+    }
+
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
+    }
+
+    /// Stops accepting, drains every connection, syncs and closes the store.
+    pub fn shutdown(mut self) -> Result<(), ServerError> {
+        self.shared.shutdown.store(true, Ordering::Release);
+        let mut failed = false;
+        if let Some((handle, waker)) = self.acceptor.take() {
+            let _ = waker.wake();
+            failed |= handle.join().is_err();
+        }
+        for (_, waker) in &self.workers {
+            let _ = waker.wake();
+        }
+        for (handle, _) in self.workers.drain(..) {
+            failed |= handle.join().is_err();
+        }
+        if let Some((handle, signal)) = self.syncer.take() {
+            let (lock, cvar) = &*signal;
+            *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cvar.notify_all();
+            failed |= handle.join().is_err();
+        }
+        if let Some(handle) = self.metrics.take() {
+            failed |= handle.join().is_err();
+        }
+        self.shared
+            .store
+            .engine()
+            .sync()
+            .map_err(|e| ServerError::FinalSync(StoreError::Engine(e)))?;
+        tracing::info!("store synced; bye");
+        if failed {
+            Err(ServerError::WorkerFailed)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Sets the shutdown flag when a worker thread ends for any reason (a panic included).
+struct StopOnExit(Arc<Shared>);
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        self.0.shutdown.store(true, Ordering::Release);
+    }
+}
+
+fn open_store(config: &ServerConfig) -> Result<Arc<Store>, ServerError> {
+    if let Some(dir) = config.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| ServerError::Io {
+            what: "creating the data directory",
+            source,
+        })?;
+    }
+    let store_config = StoreConfig {
+        item_size_max_bytes: config.item_size_max_bytes,
+        cache_limit_bytes: config.memory_limit_bytes,
+        size_bytes: config.size_bytes,
+        mode: config.mode,
+        block_size_bytes: config.block_size_bytes,
+        seal_threads: config.seal_threads,
+    };
+    let store = Store::open(&config.path, &store_config).map_err(|source| ServerError::Store {
+        path: config.path.display().to_string(),
+        source,
+    })?;
+    Ok(Arc::new(store))
+}
+
+fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, ServerError> {
+    addrs
+        .iter()
+        .map(|&addr| TcpListener::bind(addr).map_err(|source| ServerError::Listen { addr, source }))
+        .collect()
+}
+
+fn worker_limits(config: &ServerConfig) -> WorkerLimits {
+    // The parser bounds the value alone; the store checks the whole record against -I.
+    let value_max = config.item_size_max_bytes - crate::record::RECORD_OVERHEAD_BYTES_MIN;
+    let parser = ParserLimits {
+        item_size_max_bytes: value_max,
+        ..ParserLimits::default()
+    };
+    WorkerLimits {
+        // A storage frame is a command line, the data block and its `\r\n`.
+        input_max_bytes: parser.item_size_max_bytes
+            + parser.line_length_max.max(parser.retrieval_line_length_max)
+            + 2,
+        parser,
+        output_high_bytes: config.output_high_bytes,
+        pending_reads_max: config.pending_reads_per_conn_max,
+        read_queue_depth: config.read_queue_depth,
+        idle_timeout: config.idle_timeout,
+        sync_always: config.sync == SyncPolicy::Always,
+    }
+}
+
+fn start_acceptor(
+    mut listeners: Vec<TcpListener>,
+    inboxes: Vec<(Sender<TcpStream>, Arc<Waker>)>,
+    shared: Arc<Shared>,
+    max_connections: usize,
+) -> Result<(JoinHandle<()>, Arc<Waker>), ServerError> {
+    let io_error = |what| move |source| ServerError::Io { what, source };
+    let mut poll = Poll::new().map_err(io_error("creating the acceptor's poll"))?;
+    for (i, listener) in listeners.iter_mut().enumerate() {
+        poll.registry()
+            .register(listener, Token(i), Interest::READABLE)
+            .map_err(io_error("watching a listener"))?;
+    }
+    let waker = Arc::new(
+        Waker::new(poll.registry(), ACCEPTOR_WAKER).map_err(io_error("creating a waker"))?,
+    );
+    let handle = std::thread::Builder::new()
+        .name("kura-acceptor".to_owned())
+        .spawn(move || {
+            let mut events = Events::with_capacity(64);
+            let mut next = 0usize;
+            while !shared.shutdown.load(Ordering::Acquire) {
+                if let Err(error) = poll.poll(&mut events, None)
+                    && error.kind() != io::ErrorKind::Interrupted
+                {
+                    tracing::error!(%error, "acceptor poll failed");
+                    break;
+                }
+                for event in events.iter() {
+                    let Some(listener) = listeners.get(event.token().0) else {
+                        continue;
+                    };
+                    accept_all(listener, &inboxes, &shared, max_connections, &mut next);
+                }
+            }
+            // Dropping the listeners here stops the kernel from queueing new connections.
+        })
+        .map_err(io_error("spawning the acceptor"))?;
+    Ok((handle, waker))
+}
+
+fn accept_all(
+    listener: &TcpListener,
+    inboxes: &[(Sender<TcpStream>, Arc<Waker>)],
+    shared: &Shared,
+    max_connections: usize,
+    next: &mut usize,
+) {
+    loop {
+        let (mut stream, _) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                // EMFILE and the like: back off briefly rather than spin.
+                tracing::warn!(%error, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                return;
+            }
+        };
+        let conns = &shared.conns;
+        if conns.curr_connections.load(Ordering::Relaxed) >= max_connections as u64 {
+            conns.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            let _ = stream.write(TOO_MANY_CONNECTIONS);
+            continue;
+        }
+        conns.curr_connections.fetch_add(1, Ordering::Relaxed);
+        conns.total_connections.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_nodelay(true);
+        let (tx, waker) = &inboxes[*next % inboxes.len()];
+        *next = next.wrapping_add(1);
+        if tx.send(stream).is_err() {
+            conns.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            continue;
+        }
+        let _ = waker.wake();
+    }
+}
+
+fn start_syncer(
+    shared: Arc<Shared>,
+    interval: Duration,
+) -> Result<(JoinHandle<()>, StopSignal), ServerError> {
+    let signal = Arc::new((Mutex::new(false), Condvar::new()));
+    let stop = Arc::clone(&signal);
+    let handle = std::thread::Builder::new()
+        .name("kura-syncer".to_owned())
+        .spawn(move || {
+            let (lock, cvar) = &*stop;
+            let mut stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                let (guard, _) = cvar
+                    .wait_timeout(stopped, interval)
+                    .unwrap_or_else(|e| e.into_inner());
+                stopped = guard;
+                if *stopped {
+                    return;
+                }
+                drop(stopped);
+                if let Err(error) = shared.store.sync_if_dirty() {
+                    tracing::error!(%error, "periodic sync failed");
+                }
+                stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+            }
+        })
+        .map_err(|source| ServerError::Io {
+            what: "spawning the syncer",
+            source,
+        })?;
+    Ok((handle, signal))
+}

@@ -1,0 +1,285 @@
+//! Server counters: memcached's `stats` fields and the Prometheus exposition.
+//!
+//! Each worker counts into its own [`WorkerStats`] (relaxed atomics, written
+//! by one thread); `stats` and `/metrics` add them up.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::store::Store;
+
+macro_rules! counters {
+    ($(#[$doc:meta])* $name:ident { $($field:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Default)]
+        pub struct $name {
+            $(pub $field: AtomicU64,)*
+        }
+
+        impl $name {
+            /// Every counter, by its memcached name.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($field), self.$field.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters!(
+    /// Per-worker command counters (memcached's names).
+    WorkerStats {
+        cmd_get, cmd_set, cmd_flush, cmd_touch, cmd_meta,
+        get_hits, get_misses,
+        delete_misses, delete_hits,
+        incr_misses, incr_hits, decr_misses, decr_hits,
+        cas_misses, cas_hits, cas_badval,
+        touch_hits, touch_misses,
+        bytes_read, bytes_written,
+        ram_cache_hits, flash_gets, flash_reads,
+        protocol_errors, server_errors,
+    }
+);
+
+/// Connection counters, shared by the acceptor and the workers.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub idle_kicks: AtomicU64,
+}
+
+/// What the `stats` command reports besides counters.
+pub struct ServerInfo {
+    pub started: Instant,
+    pub started_unix_s: i64,
+    pub threads: usize,
+    pub max_connections: usize,
+    pub item_size_max_bytes: usize,
+    pub port: u16,
+}
+
+/// Everything `stats` and `/metrics` read.
+pub struct StatsSources {
+    pub info: ServerInfo,
+    pub conns: Arc<ConnStats>,
+    pub workers: Vec<Arc<WorkerStats>>,
+    pub store: Arc<Store>,
+}
+
+pub const VERSION: &str = concat!("1.6.18-kura-", env!("CARGO_PKG_VERSION"));
+
+/// One `STAT` line's value.
+pub enum StatValue {
+    U64(u64),
+    Text(String),
+}
+
+impl StatsSources {
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut total: Vec<(&'static str, u64)> = WorkerStats::default().snapshot();
+        for worker in &self.workers {
+            for (slot, (_, v)) in total.iter_mut().zip(worker.snapshot()) {
+                slot.1 += v;
+            }
+        }
+        total
+    }
+
+    /// The general `stats` fields, in memcached's order where it has them.
+    pub fn general(&self) -> Vec<(&'static str, StatValue)> {
+        use StatValue::{Text, U64};
+        let counters = self.counters();
+        let counter = |name: &str| {
+            counters
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(0, |(_, v)| *v)
+        };
+        let engine = self.store.engine().stats();
+        let cache = self.store.cache_stats();
+        let store = &self.store.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let uptime_s = self.info.started.elapsed().as_secs();
+        let (user, system) = rusage();
+        let mut out = vec![
+            ("pid", U64(u64::from(std::process::id()))),
+            ("uptime", U64(uptime_s)),
+            ("time", U64(crate::clock::unix_now_s() as u64)),
+            ("version", Text(VERSION.to_owned())),
+            ("pointer_size", U64(64)),
+            ("rusage_user", Text(user)),
+            ("rusage_system", Text(system)),
+            ("max_connections", U64(self.info.max_connections as u64)),
+            ("curr_connections", U64(load(&self.conns.curr_connections))),
+            (
+                "total_connections",
+                U64(load(&self.conns.total_connections)),
+            ),
+            (
+                "rejected_connections",
+                U64(load(&self.conns.rejected_connections)),
+            ),
+            (
+                "connection_structures",
+                U64(load(&self.conns.curr_connections)),
+            ),
+        ];
+        for name in [
+            "cmd_get",
+            "cmd_set",
+            "cmd_flush",
+            "cmd_touch",
+            "cmd_meta",
+            "get_hits",
+            "get_misses",
+        ] {
+            out.push((name, U64(counter(name))));
+        }
+        out.push(("get_expired", U64(load(&store.get_expired))));
+        out.push(("get_flushed", U64(load(&store.get_flushed))));
+        for name in [
+            "delete_misses",
+            "delete_hits",
+            "incr_misses",
+            "incr_hits",
+            "decr_misses",
+            "decr_hits",
+            "cas_misses",
+            "cas_hits",
+            "cas_badval",
+            "touch_hits",
+            "touch_misses",
+            "bytes_read",
+            "bytes_written",
+        ] {
+            out.push((name, U64(counter(name))));
+        }
+        out.extend([
+            ("limit_maxbytes", U64(engine.capacity_bytes)),
+            ("accepting_conns", U64(1)),
+            ("idle_kicks", U64(load(&self.conns.idle_kicks))),
+            ("threads", U64(self.info.threads as u64)),
+            ("bytes", U64(engine.bytes_live_estimate)),
+            ("curr_items", U64(self.store.curr_items(&engine))),
+            ("total_items", U64(load(&store.total_items))),
+            ("evictions", U64(engine.evicted_records_estimate)),
+            (
+                "kura_mode",
+                Text(format!("{:?}", self.store.mode()).to_lowercase()),
+            ),
+            ("kura_ram_cache_limit_bytes", U64(cache.limit_bytes)),
+            ("kura_ram_cache_bytes", U64(cache.bytes)),
+            ("kura_ram_cache_items", U64(cache.entries)),
+            ("kura_ram_cache_hits", U64(counter("ram_cache_hits"))),
+            ("kura_ram_cache_evictions", U64(cache.evictions)),
+            ("kura_ram_cache_fills", U64(load(&store.cache_fills))),
+            ("kura_flash_gets", U64(counter("flash_gets"))),
+            ("kura_flash_reads", U64(engine.flash_reads)),
+            ("kura_flash_read_bytes", U64(engine.flash_read_bytes)),
+            ("kura_flash_writes", U64(engine.flash_writes)),
+            ("kura_flash_write_bytes", U64(engine.flash_write_bytes)),
+            ("kura_blocks_total", U64(engine.blocks_total)),
+            ("kura_blocks_used", U64(engine.blocks_used)),
+            ("kura_evicted_blocks", U64(engine.evicted_blocks)),
+            ("kura_gc_runs", U64(engine.gc_runs)),
+            ("kura_seals", U64(engine.seals)),
+            ("kura_syncs", U64(load(&store.syncs))),
+            ("kura_sync_failures", U64(load(&store.sync_failures))),
+            ("kura_index_bytes", U64(engine.ram.index_bytes())),
+            (
+                "kura_write_buffer_bytes",
+                U64(engine.ram.write_buffer_data_bytes),
+            ),
+            ("kura_protocol_errors", U64(counter("protocol_errors"))),
+            ("kura_server_errors", U64(counter("server_errors"))),
+        ]);
+        out
+    }
+
+    /// `stats settings`.
+    pub fn settings(&self) -> Vec<(&'static str, StatValue)> {
+        use StatValue::{Text, U64};
+        vec![
+            ("maxbytes", U64(self.store.engine().stats().capacity_bytes)),
+            ("maxconns", U64(self.info.max_connections as u64)),
+            ("tcpport", U64(u64::from(self.info.port))),
+            ("udpport", U64(0)),
+            ("num_threads", U64(self.info.threads as u64)),
+            ("cas_enabled", Text("yes".to_owned())),
+            ("item_size_max", U64(self.info.item_size_max_bytes as u64)),
+            (
+                "evictions",
+                Text(
+                    if self.store.mode() == kura_engine::Mode::Cache {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                    .to_owned(),
+                ),
+            ),
+            ("flush_enabled", Text("yes".to_owned())),
+            ("binding_protocol", Text("ascii".to_owned())),
+            (
+                "kura_ram_cache_limit_bytes",
+                U64(self.store.cache_stats().limit_bytes),
+            ),
+        ]
+    }
+
+    /// The Prometheus text exposition (version 0.0.4) of the general stats.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, value) in self.general() {
+            let StatValue::U64(v) = value else { continue };
+            let metric = if name.starts_with("kura_") {
+                name.to_owned()
+            } else {
+                format!("memcached_{name}")
+            };
+            let kind = if is_gauge(name) { "gauge" } else { "counter" };
+            let _ = writeln!(out, "# TYPE {metric} {kind}\n{metric} {v}");
+        }
+        out
+    }
+}
+
+fn is_gauge(name: &str) -> bool {
+    matches!(
+        name,
+        "pid"
+            | "uptime"
+            | "time"
+            | "pointer_size"
+            | "max_connections"
+            | "curr_connections"
+            | "connection_structures"
+            | "limit_maxbytes"
+            | "accepting_conns"
+            | "threads"
+            | "bytes"
+            | "curr_items"
+            | "kura_ram_cache_limit_bytes"
+            | "kura_ram_cache_bytes"
+            | "kura_ram_cache_items"
+            | "kura_blocks_total"
+            | "kura_blocks_used"
+            | "kura_index_bytes"
+            | "kura_write_buffer_bytes"
+    )
+}
+
+fn rusage() -> (String, String) {
+    // SAFETY: rusage is plain data; getrusage fills it for RUSAGE_SELF.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage struct.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    if rc != 0 {
+        return ("0.000000".to_owned(), "0.000000".to_owned());
+    }
+    let fmt = |t: libc::timeval| format!("{}.{:06}", t.tv_sec, t.tv_usec);
+    (fmt(usage.ru_utime), fmt(usage.ru_stime))
+}

@@ -1,0 +1,676 @@
+//! A worker thread: an event loop over its own connections and its own queue
+//! of flash reads.
+//!
+//! One loop turn: wait on epoll (sockets, the read queue's eventfd, a waker
+//! for new connections and shutdown); finish the lookups whose reads
+//! completed; read, parse and execute on the connections that are ready;
+//! issue every queued flash read with one syscall; with `--sync always`, make
+//! this turn's writes durable; then send every connection's ready replies,
+//! each with one `writev`. A client whose reads are on flash never holds up
+//! another: its replies wait in its own output.
+//!
+//! Limits per connection: input up to one frame (a command line and its data
+//! block); reading stops while its unsent replies exceed
+//! [`WorkerLimits::output_high_bytes`] or its reads in flight exceed
+//! [`WorkerLimits::pending_reads_max`], so a client that pipelines without
+//! reading its replies cannot grow the server's memory.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use kura_proto::{Parsed, ParserLimits, Recovery};
+use mio::net::TcpStream;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+
+use crate::exec::{self, Ctx, Flow, Lookups, bump, finish_lookup};
+use crate::output::Output;
+use crate::stats::{ConnStats, StatsSources, WorkerStats};
+use crate::store::Store;
+use crate::uring::{Completion, ReadQueue};
+
+pub const WAKER: Token = Token(0);
+const READS: Token = Token(1);
+const CONN_TOKEN_BASE: usize = 2;
+
+/// Bytes a connection's input buffer starts with and reads at a time.
+const INPUT_CHUNK_BYTES: usize = 16 * 1024;
+/// An idle input buffer larger than this is given back.
+const INPUT_KEEP_BYTES_MAX: usize = 64 * 1024;
+/// Reads from one connection per loop turn, so one busy client cannot starve the others.
+const READS_PER_TURN: usize = 4;
+/// How often idle connections are looked for.
+const IDLE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// How long shutdown waits for replies to drain before closing anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Limits and policies each worker applies.
+#[derive(Debug, Clone)]
+pub struct WorkerLimits {
+    pub parser: ParserLimits,
+    /// Largest input buffer: the longest frame the parser accepts.
+    pub input_max_bytes: usize,
+    /// Stop reading a connection while this many reply bytes are unsent.
+    pub output_high_bytes: usize,
+    /// Stop reading a connection while this many of its reads are on flash.
+    pub pending_reads_max: usize,
+    /// Flash reads in flight per worker.
+    pub read_queue_depth: usize,
+    pub idle_timeout: Option<Duration>,
+    /// Sync before replying to writes (`--sync always`).
+    pub sync_always: bool,
+}
+
+/// What every worker shares.
+pub struct Shared {
+    pub store: Arc<Store>,
+    pub sources: StatsSources,
+    pub conns: Arc<ConnStats>,
+    pub limits: WorkerLimits,
+    pub shutdown: std::sync::atomic::AtomicBool,
+}
+
+struct Conn {
+    stream: TcpStream,
+    generation: u64,
+    /// Unparsed input is `input[start..end]`; the buffer's length is its capacity.
+    input: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bytes of a refused data block still to discard as they arrive.
+    swallow: usize,
+    out: Output,
+    /// Close once the queued replies are sent (quit, a closing error, shutdown).
+    closing: bool,
+    /// The client sent EOF: run what it sent, reply, then close.
+    eof: bool,
+    /// Parsing stopped at an incomplete request (so EOF leaves nothing to run).
+    stalled: bool,
+    /// Length of the incomplete request at the front, when the parser knows it.
+    frame_hint: usize,
+    /// The socket may have more input (edge-triggered readiness not yet drained).
+    readable: bool,
+    /// The peer shut its side: read to the EOF (no further edge will say so).
+    peer_closed: bool,
+    /// Parsing stopped at a write that must wait for this connection's reads.
+    barrier: bool,
+    /// Wrote since the last sync (for `--sync always`).
+    unsynced: bool,
+    last_active: Instant,
+    in_ready: bool,
+    in_dirty: bool,
+}
+
+impl Conn {
+    fn blocked(&self, limits: &WorkerLimits) -> bool {
+        self.out.queued_bytes() >= limits.output_high_bytes
+            || self.out.pending() >= limits.pending_reads_max
+            || (self.barrier && self.out.pending() > 0)
+    }
+
+    /// Makes room to read at least `want` more bytes, up to `max` buffered.
+    fn reserve(&mut self, want: usize, max: usize) {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.input.len() - self.end >= want.min(INPUT_CHUNK_BYTES) {
+            return;
+        }
+        if self.start > 0 {
+            self.input.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let target = (self.end + want.max(INPUT_CHUNK_BYTES)).min(max.max(self.end + 1));
+        if target > self.input.len() {
+            self.input.resize(target, 0);
+        }
+    }
+
+    fn shrink_if_idle(&mut self) {
+        if self.start == self.end && self.input.len() > INPUT_KEEP_BYTES_MAX {
+            self.input = vec![0; INPUT_CHUNK_BYTES];
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+}
+
+pub struct Worker {
+    shared: Arc<Shared>,
+    stats: Arc<WorkerStats>,
+    poll: Poll,
+    inbox: Receiver<TcpStream>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    next_gen: u64,
+    lookups: Lookups,
+    reads: ReadQueue,
+    ready: VecDeque<usize>,
+    dirty: Vec<usize>,
+    completions: Vec<Completion>,
+    wrote: bool,
+    draining_since: Option<Instant>,
+}
+
+impl Worker {
+    /// A worker whose `poll` already has the waker registered under [`WAKER`].
+    pub fn new(
+        shared: Arc<Shared>,
+        stats: Arc<WorkerStats>,
+        poll: Poll,
+        inbox: Receiver<TcpStream>,
+    ) -> io::Result<Self> {
+        let reads = ReadQueue::new(
+            shared.store.engine().device(),
+            shared.limits.read_queue_depth,
+        );
+        if let Some(fd) = reads.eventfd() {
+            poll.registry()
+                .register(&mut SourceFd(&fd), READS, Interest::READABLE)?;
+        }
+        Ok(Self {
+            shared,
+            stats,
+            poll,
+            inbox,
+            conns: Vec::new(),
+            free: Vec::new(),
+            next_gen: 1,
+            lookups: Lookups::default(),
+            reads,
+            ready: VecDeque::new(),
+            dirty: Vec::new(),
+            completions: Vec::new(),
+            wrote: false,
+            draining_since: None,
+        })
+    }
+
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut last_sweep = Instant::now();
+        loop {
+            let timeout = if self.ready.is_empty() && !self.reads.has_ready() {
+                IDLE_SWEEP_INTERVAL
+            } else {
+                Duration::ZERO
+            };
+            if let Err(error) = self.poll.poll(&mut events, Some(timeout))
+                && error.kind() != io::ErrorKind::Interrupted
+            {
+                tracing::error!(%error, "worker poll failed; closing its connections");
+                break;
+            }
+            let mut reads_signalled = false;
+            for event in events.iter() {
+                match event.token() {
+                    WAKER => self.accept_handed_over(),
+                    READS => reads_signalled = true,
+                    Token(t) => {
+                        let index = t - CONN_TOKEN_BASE;
+                        if let Some(conn) = self.conns.get_mut(index).and_then(Option::as_mut) {
+                            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                                conn.readable = true;
+                            }
+                            if event.is_read_closed() || event.is_error() {
+                                conn.peer_closed = true;
+                            }
+                            self.queue_ready(index);
+                            if event.is_writable() {
+                                self.queue_dirty(index);
+                            }
+                        }
+                    }
+                }
+            }
+            if self.shared.shutdown.load(Ordering::Acquire) && self.draining_since.is_none() {
+                self.begin_drain();
+            }
+            self.finish_reads(reads_signalled);
+            self.serve_ready();
+            if let Err(error) = self.reads.submit() {
+                tracing::error!(%error, "cannot issue flash reads");
+            }
+            self.sync_writes();
+            self.flush_dirty();
+            if last_sweep.elapsed() >= IDLE_SWEEP_INTERVAL {
+                last_sweep = Instant::now();
+                self.sweep_idle();
+            }
+            if let Some(since) = self.draining_since
+                && (self.conns.iter().all(Option::is_none) || since.elapsed() >= DRAIN_TIMEOUT)
+            {
+                break;
+            }
+        }
+        for index in 0..self.conns.len() {
+            self.close(index);
+        }
+    }
+
+    fn accept_handed_over(&mut self) {
+        while let Ok(mut stream) = self.inbox.try_recv() {
+            if self.draining_since.is_some() {
+                self.shared
+                    .conns
+                    .curr_connections
+                    .fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let index = self.free.pop().unwrap_or_else(|| {
+                self.conns.push(None);
+                self.conns.len() - 1
+            });
+            let token = Token(index + CONN_TOKEN_BASE);
+            if let Err(error) = self.poll.registry().register(
+                &mut stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                tracing::warn!(%error, "cannot watch a new connection");
+                self.free.push(index);
+                self.shared
+                    .conns
+                    .curr_connections
+                    .fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let generation = self.next_gen;
+            self.next_gen += 1;
+            self.conns[index] = Some(Conn {
+                stream,
+                generation,
+                input: vec![0; INPUT_CHUNK_BYTES],
+                start: 0,
+                end: 0,
+                swallow: 0,
+                out: Output::default(),
+                closing: false,
+                eof: false,
+                peer_closed: false,
+                stalled: false,
+                frame_hint: 0,
+                readable: true,
+                barrier: false,
+                unsynced: false,
+                last_active: Instant::now(),
+                in_ready: false,
+                in_dirty: false,
+            });
+            self.queue_ready(index);
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        self.draining_since = Some(Instant::now());
+        self.accept_handed_over();
+        for index in 0..self.conns.len() {
+            if let Some(conn) = self.conns[index].as_mut() {
+                conn.closing = true;
+                self.queue_dirty(index);
+            }
+        }
+    }
+
+    fn queue_ready(&mut self, index: usize) {
+        if let Some(conn) = self.conns[index].as_mut()
+            && !conn.in_ready
+        {
+            conn.in_ready = true;
+            self.ready.push_back(index);
+        }
+    }
+
+    fn queue_dirty(&mut self, index: usize) {
+        if let Some(conn) = self.conns[index].as_mut()
+            && !conn.in_dirty
+        {
+            conn.in_dirty = true;
+            self.dirty.push(index);
+        }
+    }
+
+    /// Continues every lookup whose flash read finished.
+    fn finish_reads(&mut self, signalled: bool) {
+        let mut completions = std::mem::take(&mut self.completions);
+        self.reads.reap(&mut completions, signalled);
+        for completion in completions.drain(..) {
+            let Some(lookup) = self.lookups.remove(completion.token) else {
+                continue;
+            };
+            let conn_index = lookup.conn;
+            let alive = self
+                .conns
+                .get(conn_index)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| c.generation == lookup.conn_gen);
+            if !alive {
+                // The client left; the read's buffer is simply dropped.
+                continue;
+            }
+            let conn = self.conns[conn_index].as_mut().expect("checked alive");
+            let mut wrote = false;
+            let mut ctx = Ctx {
+                store: &self.shared.store,
+                sources: &self.shared.sources,
+                stats: &self.stats,
+                lookups: &mut self.lookups,
+                reads: &mut self.reads,
+                conn: conn_index,
+                conn_gen: conn.generation,
+                out: &mut conn.out,
+                wrote: &mut wrote,
+            };
+            if let Some((lookup, offset_bytes, len_bytes)) =
+                finish_lookup(&mut ctx, lookup, completion.result)
+            {
+                let token = self.lookups.insert(lookup);
+                self.reads.push(offset_bytes, len_bytes, token);
+            }
+            if wrote {
+                conn.unsynced = true;
+                self.wrote = true;
+            }
+            self.queue_dirty(conn_index);
+            self.queue_ready(conn_index);
+        }
+        self.completions = completions;
+    }
+
+    fn serve_ready(&mut self) {
+        for _ in 0..self.ready.len() {
+            let Some(index) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(conn) = self.conns[index].as_mut() else {
+                continue;
+            };
+            conn.in_ready = false;
+            self.serve(index);
+        }
+    }
+
+    /// Parses and executes what a connection sent, reading more while it may.
+    fn serve(&mut self, index: usize) {
+        let limits = self.shared.limits.clone();
+        for _ in 0..READS_PER_TURN {
+            self.execute_buffered(index);
+            let Some(conn) = self.conns[index].as_mut() else {
+                return;
+            };
+            if conn.closing
+                || conn.eof
+                || conn.blocked(&limits)
+                || !conn.readable
+                || self.draining_since.is_some()
+            {
+                self.queue_dirty(index);
+                return;
+            }
+            match self.read_into(index) {
+                ReadResult::Data => {}
+                ReadResult::Drained => {
+                    self.queue_dirty(index);
+                    return;
+                }
+                ReadResult::Closed => return,
+            }
+        }
+        // More may be waiting: come back next turn, after the others.
+        self.queue_ready(index);
+        self.queue_dirty(index);
+    }
+
+    fn read_into(&mut self, index: usize) -> ReadResult {
+        let input_max = self.shared.limits.input_max_bytes;
+        let conn = self.conns[index]
+            .as_mut()
+            .expect("serving a live connection");
+        let buffered = conn.end - conn.start;
+        let want = if conn.swallow > 0 {
+            conn.swallow.min(INPUT_CHUNK_BYTES)
+        } else {
+            conn.frame_hint
+                .saturating_sub(buffered)
+                .max(INPUT_CHUNK_BYTES)
+        };
+        conn.reserve(want, input_max);
+        if conn.end == conn.input.len() {
+            // A full buffer the parser could not use: only a frame over the limit does this.
+            conn.closing = true;
+            return ReadResult::Drained;
+        }
+        match conn.stream.read(&mut conn.input[conn.end..]) {
+            Ok(0) => {
+                // The client is done sending: answer what it sent, then close.
+                conn.readable = false;
+                conn.eof = true;
+                ReadResult::Drained
+            }
+            Ok(n) => {
+                // A short read emptied the socket: with edge-triggered epoll the
+                // next arrival is signalled, so no read is spent on EAGAIN (unless
+                // the peer already closed: its EOF will not be signalled again).
+                if conn.end + n < conn.input.len() && !conn.peer_closed {
+                    conn.readable = false;
+                }
+                conn.end += n;
+                conn.last_active = Instant::now();
+                bump_by(&self.stats.bytes_read, n);
+                ReadResult::Data
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                conn.readable = false;
+                ReadResult::Drained
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data,
+            Err(_) => {
+                self.close(index);
+                ReadResult::Closed
+            }
+        }
+    }
+
+    /// Runs every complete request in the input buffer, until one is
+    /// incomplete or the connection must wait.
+    fn execute_buffered(&mut self, index: usize) {
+        let limits = self.shared.limits.clone();
+        let Some(conn) = self.conns[index].as_mut() else {
+            return;
+        };
+        conn.barrier = false;
+        conn.stalled = false;
+        conn.frame_hint = 0;
+        loop {
+            if conn.swallow > 0 {
+                let n = conn.swallow.min(conn.end - conn.start);
+                conn.start += n;
+                conn.swallow -= n;
+                if conn.swallow > 0 {
+                    conn.stalled = true;
+                    break;
+                }
+            }
+            if conn.closing || conn.blocked(&limits) || conn.start == conn.end {
+                break;
+            }
+            let Conn {
+                input,
+                start,
+                end,
+                out,
+                generation,
+                unsynced,
+                closing,
+                swallow,
+                barrier,
+                stalled,
+                frame_hint,
+                ..
+            } = conn;
+            let buf = &input[*start..*end];
+            let mut wrote = false;
+            match kura_proto::parse(buf, &limits.parser) {
+                Ok(Parsed::Incomplete { frame_bytes }) => {
+                    *stalled = true;
+                    *frame_hint = frame_bytes.unwrap_or(0);
+                    if *frame_hint > limits.input_max_bytes {
+                        // The parser bounds frames by the item size limit; this is a bug guard.
+                        *closing = true;
+                    }
+                    break;
+                }
+                Ok(Parsed::Complete {
+                    request,
+                    consumed_bytes,
+                }) => {
+                    if exec::needs_barrier(&request) && out.pending() > 0 {
+                        *barrier = true;
+                        break;
+                    }
+                    let raw = &buf[..consumed_bytes];
+                    let mut ctx = Ctx {
+                        store: &self.shared.store,
+                        sources: &self.shared.sources,
+                        stats: &self.stats,
+                        lookups: &mut self.lookups,
+                        reads: &mut self.reads,
+                        conn: index,
+                        conn_gen: *generation,
+                        out,
+                        wrote: &mut wrote,
+                    };
+                    let flow = exec::execute(&mut ctx, request, raw);
+                    *start += consumed_bytes;
+                    if flow == Flow::Close {
+                        *closing = true;
+                    }
+                }
+                Err(error) => {
+                    bump(&self.stats.protocol_errors);
+                    if let Some(reply) = error.reply() {
+                        out.push_with(|o| {
+                            o.extend_from_slice(reply.as_bytes());
+                            o.extend_from_slice(b"\r\n");
+                        });
+                    }
+                    *start += error.consumed_bytes;
+                    match error.recovery {
+                        Recovery::Continue => {}
+                        Recovery::Swallow { data_bytes } => *swallow = data_bytes,
+                        Recovery::Close => *closing = true,
+                    }
+                }
+            }
+            if wrote {
+                *unsynced = true;
+                self.wrote = true;
+            }
+        }
+        conn.shrink_if_idle();
+    }
+
+    /// `--sync always`: make this turn's writes durable before any reply to them leaves.
+    fn sync_writes(&mut self) {
+        if !std::mem::take(&mut self.wrote) {
+            return;
+        }
+        if !self.shared.limits.sync_always {
+            for conn in self.conns.iter_mut().flatten() {
+                conn.unsynced = false;
+            }
+            return;
+        }
+        if let Err(error) = self.shared.store.sync_if_dirty() {
+            tracing::error!(%error, "sync failed; closing the connections whose writes it covered");
+            for index in 0..self.conns.len() {
+                if self.conns[index].as_ref().is_some_and(|c| c.unsynced) {
+                    self.close(index);
+                }
+            }
+            return;
+        }
+        for conn in self.conns.iter_mut().flatten() {
+            conn.unsynced = false;
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &index in &dirty {
+            let Some(conn) = self.conns[index].as_mut() else {
+                continue;
+            };
+            conn.in_dirty = false;
+            let before_blocked = conn.blocked(&self.shared.limits);
+            match conn.out.write_to(&mut conn.stream) {
+                Ok(n) => {
+                    if n > 0 {
+                        conn.last_active = Instant::now();
+                        bump_by(&self.stats.bytes_written, n);
+                    }
+                }
+                Err(_) => {
+                    self.close(index);
+                    continue;
+                }
+            }
+            let finished = conn.closing || (conn.eof && (conn.start == conn.end || conn.stalled));
+            if finished && conn.out.is_empty() {
+                self.close(index);
+                continue;
+            }
+            if before_blocked && !conn.blocked(&self.shared.limits) {
+                self.queue_ready(index);
+            }
+        }
+        self.dirty = dirty;
+        self.dirty.clear();
+    }
+
+    fn sweep_idle(&mut self) {
+        let Some(timeout) = self.shared.limits.idle_timeout else {
+            return;
+        };
+        for index in 0..self.conns.len() {
+            let idle = self.conns[index]
+                .as_ref()
+                .is_some_and(|c| c.out.pending() == 0 && c.last_active.elapsed() >= timeout);
+            if idle {
+                bump(&self.shared.conns.idle_kicks);
+                self.close(index);
+            }
+        }
+    }
+
+    fn close(&mut self, index: usize) {
+        let Some(mut conn) = self.conns[index].take() else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.free.push(index);
+        self.shared
+            .conns
+            .curr_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+enum ReadResult {
+    /// Bytes arrived; parse them.
+    Data,
+    /// Nothing more to read for now (or EOF, which marks the connection closing).
+    Drained,
+    /// The connection is gone.
+    Closed,
+}
+
+fn bump_by(counter: &std::sync::atomic::AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}

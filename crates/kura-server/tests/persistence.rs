@@ -1,0 +1,323 @@
+//! Restarts, crashes, a full store, and shutdown.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Client, Kura, SERVER_BIN};
+
+/// Loads items of several sizes (so some are sealed on flash and some are
+/// still in write buffers), with flags, TTLs, a delete and a flush.
+fn load(c: &mut Client) -> Vec<(String, Vec<u8>, u32)> {
+    let mut items = Vec::new();
+    let mut batch = Vec::new();
+    for i in 0..2000u32 {
+        let key = format!("p{i}");
+        let len = [10usize, 300, 3000, 9000][i as usize % 4];
+        let value: Vec<u8> = (0..len).map(|j| (j as u32 * 7 + i) as u8).collect();
+        batch.extend_from_slice(format!("set {key} {i} 0 {len} noreply\r\n").as_bytes());
+        batch.extend_from_slice(&value);
+        batch.extend_from_slice(b"\r\n");
+        items.push((key, value, i));
+    }
+    batch.extend_from_slice(b"mn\r\n");
+    c.expect(batch, "MN\r\n");
+    c.expect(
+        "set ttl 0 1000 3\r\nttl\r\ndelete p0\r\n",
+        "STORED\r\nDELETED\r\n",
+    );
+    items.remove(0);
+    items
+}
+
+fn check(c: &mut Client, items: &[(String, Vec<u8>, u32)]) {
+    for (key, value, flags) in items.iter().step_by(3) {
+        c.send(format!("get {key}\r\n"));
+        assert_eq!(
+            c.line(),
+            format!("VALUE {key} {flags} {}\r\n", value.len()),
+            "{key}"
+        );
+        assert_eq!(&c.bytes(value.len())[..], &value[..], "{key}");
+        assert_eq!(c.bytes(2), b"\r\n");
+        assert_eq!(c.line(), "END\r\n");
+    }
+    assert_eq!(c.get("p0"), None, "a delete survives the restart");
+    c.send("mg ttl t\r\n");
+    let line = c.line();
+    assert!(
+        line == "HD t1000\r\n" || line == "HD t999\r\n",
+        "the TTL survives the restart: {line:?}"
+    );
+}
+
+fn flush_survives_restart(mode: &str) {
+    let mut kura = Kura::start(&["--mode", mode, "--sync", "never"]);
+    let mut c = kura.client();
+    load(&mut c);
+    c.set("flushed", b"x");
+    c.expect("flush_all\r\n", "OK\r\n");
+    c.set("after", b"y");
+    drop(c);
+    let status = kura.stop();
+    assert_eq!(status.code(), Some(0), "SIGTERM exits 0 ({status:?})");
+    kura.restart();
+    let mut c = kura.client();
+    // Everything but the items set before the flush_all.
+    assert_eq!(c.get("flushed"), None, "flush_all survives the restart");
+    assert_eq!(c.get("p5"), None);
+    assert_eq!(c.get("after"), Some(b"y".to_vec()));
+}
+
+fn restart_keeps_data(mode: &str) {
+    let mut kura = Kura::start(&["--mode", mode, "--sync", "never"]);
+    let mut c = kura.client();
+    let items = load(&mut c);
+    let (_, cas) = c.gets("p5").unwrap();
+    drop(c);
+    assert_eq!(kura.stop().code(), Some(0));
+    kura.restart();
+    let mut c = kura.client();
+    check(&mut c, &items);
+    assert_eq!(
+        c.gets("p5").unwrap().1,
+        cas,
+        "CAS values survive the restart"
+    );
+    assert_eq!(c.stats()["kura_mode"], mode);
+}
+
+#[test]
+fn restart_keeps_data_in_cache_mode() {
+    restart_keeps_data("cache");
+}
+
+#[test]
+fn restart_keeps_data_in_store_mode() {
+    restart_keeps_data("store");
+}
+
+#[test]
+fn flush_all_survives_a_restart() {
+    flush_survives_restart("cache");
+}
+
+fn sigkill_after_acknowledged_writes(mode: &str) {
+    let mut kura = Kura::start(&["--mode", mode, "--sync", "always"]);
+    let mut c = kura.client();
+    for i in 0..50 {
+        c.set(&format!("k{i}"), format!("v{i}").as_bytes());
+    }
+    c.expect(
+        "incr n 1\r\nset n 0 0 1\r\n5\r\nincr n 2\r\ndelete k3\r\n",
+        "NOT_FOUND\r\nSTORED\r\n7\r\nDELETED\r\n",
+    );
+    kura.kill();
+    kura.restart();
+    let mut c = kura.client();
+    for i in 0..50 {
+        let expected = (i != 3).then(|| format!("v{i}").into_bytes());
+        assert_eq!(c.get(&format!("k{i}")), expected, "k{i} after SIGKILL");
+    }
+    assert_eq!(c.get("n"), Some(b"7".to_vec()));
+}
+
+#[test]
+fn sigkill_loses_no_acknowledged_write_with_sync_always_cache_mode() {
+    sigkill_after_acknowledged_writes("cache");
+}
+
+#[test]
+fn sigkill_loses_no_acknowledged_write_with_sync_always_store_mode() {
+    sigkill_after_acknowledged_writes("store");
+}
+
+#[test]
+fn a_full_cache_evicts_the_oldest_and_never_refuses_a_set() {
+    let kura = Kura::start(&[
+        "--mode",
+        "cache",
+        "--size",
+        "24M",
+        "--block-size",
+        "1M",
+        "-I",
+        "16k",
+        "-m",
+        "0",
+    ]);
+    let mut c = kura.client();
+    let value = vec![b'e'; 4000];
+    // About 3× what the store holds.
+    for round in 0..12 {
+        let mut batch = Vec::new();
+        for i in 0..1000 {
+            batch.extend_from_slice(format!("set e{} 0 0 4000\r\n", round * 1000 + i).as_bytes());
+            batch.extend_from_slice(&value);
+            batch.extend_from_slice(b"\r\n");
+        }
+        c.send(&batch);
+        for _ in 0..1000 {
+            assert_eq!(c.line(), "STORED\r\n");
+        }
+    }
+    let stats = c.stats();
+    assert!(
+        stats["evictions"].parse::<u64>().unwrap() > 0,
+        "evictions: {}",
+        stats["evictions"]
+    );
+    assert!(stats["kura_evicted_blocks"].parse::<u64>().unwrap() > 0);
+    assert_eq!(
+        c.get("e11999"),
+        Some(value.clone()),
+        "the newest item is kept"
+    );
+    assert_eq!(c.get("e0"), None, "the oldest is evicted");
+}
+
+#[test]
+fn a_full_store_refuses_sets_and_keeps_its_data() {
+    let kura = Kura::start(&[
+        "--mode",
+        "store",
+        "--size",
+        "24M",
+        "--block-size",
+        "1M",
+        "-I",
+        "16k",
+        "-m",
+        "0",
+    ]);
+    let mut c = kura.client();
+    let value = vec![b's'; 4000];
+    let mut stored = 0;
+    let mut refused = None;
+    for i in 0..20_000 {
+        c.send(format!("set s{i} 0 0 4000\r\n"));
+        c.send(&value);
+        c.send("\r\n");
+        let line = c.line();
+        if line == "STORED\r\n" {
+            stored += 1;
+        } else {
+            refused = Some(line);
+            break;
+        }
+    }
+    assert_eq!(
+        refused.as_deref(),
+        Some("SERVER_ERROR out of memory storing object\r\n"),
+        "after {stored} sets"
+    );
+    assert!(stored > 1000, "only {stored} sets fit");
+    for i in (0..stored).step_by(97) {
+        assert_eq!(c.get(&format!("s{i}")), Some(value.clone()), "s{i} is kept");
+    }
+    // Reads and deletes still work on a full store.
+    c.expect("delete s1\r\n", "DELETED\r\n");
+}
+
+#[test]
+fn sigterm_finishes_in_flight_requests_and_exits_zero() {
+    let mut kura = Kura::start(&[
+        "-m",
+        "0",
+        "--block-size",
+        "1M",
+        "--size",
+        "32M",
+        "-I",
+        "16k",
+    ]);
+    let mut c = kura.client();
+    let value = vec![b'f'; 5000];
+    let mut load = Vec::new();
+    for i in 0..2000 {
+        load.extend_from_slice(format!("set f{i} 0 0 5000 noreply\r\n").as_bytes());
+        load.extend_from_slice(&value);
+        load.extend_from_slice(b"\r\n");
+    }
+    load.extend_from_slice(b"mn\r\n");
+    c.expect(load, "MN\r\n");
+    // An idle client and a busy one are connected when SIGTERM arrives.
+    let _idle = kura.client();
+    let requests: String = (0..2000).map(|i| format!("get f{i}\r\n")).collect();
+    c.send(requests);
+    let first = c.line();
+    assert_eq!(first, "VALUE f0 0 5000\r\n");
+    let started = Instant::now();
+    let pid = kura.pid();
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    // Every reply that arrives is whole: the server finishes what it started.
+    let rest = c.read_to_close().expect("server closes");
+    let mut text = first.into_bytes();
+    text.extend_from_slice(&rest);
+    let mut at = 0;
+    let mut replies = 0;
+    while at < text.len() {
+        let header = format!("VALUE f{replies} 0 5000\r\n");
+        assert!(
+            text[at..].starts_with(header.as_bytes()),
+            "reply {replies} malformed"
+        );
+        at += header.len() + 5002;
+        assert!(text[at..].starts_with(b"END\r\n"), "reply {replies} cut");
+        at += 5;
+        replies += 1;
+    }
+    let status = kura
+        .child
+        .take()
+        .unwrap()
+        .terminate(Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{status:?} signal {:?}",
+        status.signal()
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn refuses_a_store_of_another_mode_and_an_item_limit_its_blocks_cannot_hold() {
+    let mut kura = Kura::start(&["--mode", "store"]);
+    kura.client().set("x", b"1");
+    assert_eq!(kura.stop().code(), Some(0));
+    let store = kura.store_path();
+    let run = |args: &[&str]| {
+        let out = Command::new(SERVER_BIN)
+            .args(["-p", "0", "--path"])
+            .arg(&store)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, stderr) = run(&["--mode", "cache"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("store mode") || stderr.contains("Store"),
+        "{stderr}"
+    );
+    let (status, stderr) = run(&["-I", "2m"]);
+    assert!(!status.success());
+    assert!(stderr.contains("lower -I"), "{stderr}");
+    // Without --mode, the store's own mode is used.
+    kura.restart_with(&[]);
+    assert_eq!(kura.client().stats()["kura_mode"], "store");
+    let (status, stderr) = run(&["-U", "11211"]);
+    assert!(
+        !status.success() && stderr.contains("UDP is not supported"),
+        "{stderr}"
+    );
+}
