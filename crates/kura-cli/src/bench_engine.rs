@@ -305,6 +305,9 @@ struct ThreadReads {
     missing: u64,
 }
 
+/// New reads issued together while a batch of completions is processed.
+const SUBMIT_BATCH: usize = 4;
+
 struct InFlight {
     plan: GetPlan,
     started: Instant,
@@ -375,6 +378,9 @@ fn reads_on_one_thread(
                     queue.submit_read(offset_bytes, AlignedBuf::zeroed(len_bytes), slot as u64)?;
                     slots[slot] = Some(inflight);
                 }
+            }
+            if queue.unsubmitted() >= SUBMIT_BATCH {
+                queue.submit()?;
             }
         }
     }

@@ -52,6 +52,15 @@ pub trait IoQueue: Send {
     fn depth(&self) -> usize;
     /// Issues queued reads and waits until at least `min_complete` have finished.
     fn wait(&mut self, min_complete: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()>;
+    /// Issues queued reads without waiting (so a batch of completions being processed does not
+    /// hold back the reads it produces).
+    fn submit(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Reads queued but not yet issued.
+    fn unsubmitted(&self) -> usize {
+        0
+    }
 }
 
 /// An io_uring queue when the device exposes a file descriptor and the kernel allows it;
@@ -146,6 +155,18 @@ impl IoQueue for UringQueue {
 
     fn depth(&self) -> usize {
         self.slots.len()
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        if self.unsubmitted > 0 {
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        }
+        Ok(())
+    }
+
+    fn unsubmitted(&self) -> usize {
+        self.unsubmitted
     }
 
     fn wait(&mut self, min_complete: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
