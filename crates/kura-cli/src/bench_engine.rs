@@ -60,6 +60,9 @@ pub struct EngineBenchArgs {
     /// Fingerprint bits per record in the page index.
     #[arg(long, default_value_t = 9)]
     fingerprint_bits: u32,
+    /// Background threads writing sealed blocks.
+    #[arg(long, default_value_t = kura_engine::config::SEAL_THREADS_DEFAULT)]
+    seal_threads: usize,
     /// Store size; default: the data plus a quarter, plus the journal.
     #[arg(long)]
     size: Option<ByteSize>,
@@ -124,6 +127,7 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
         mode: Some(Mode::Store),
         value_size_max_bytes: args.value_size.max(1024),
         size_bytes: Some(size),
+        seal_threads: args.seal_threads,
         ..EngineConfig::default()
     };
     let values = Arc::new(Values::new(args.value_size));

@@ -11,7 +11,7 @@ pub const VALUE_SIZE_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// considers, so that a miss costs under ~0.05 flash reads at the default index budget (each
 /// block lets an absent key through with probability ~6e-4). More partitions mean fewer false
 /// reads but more RAM in write buffers (each partition fills a whole block in RAM).
-pub const BLOCKS_PER_PARTITION_TARGET: u32 = 48;
+pub const BLOCKS_PER_PARTITION_TARGET: u32 = 44;
 pub const PARTITIONS_AUTO_MAX: u32 = 32;
 pub const SEAL_THREADS_DEFAULT: usize = 4;
 pub const SEAL_THREADS_MAX: usize = 64;

@@ -443,6 +443,9 @@ impl SimDevice {
         if let Some((at, mode)) = state.fail_at_op
             && state.ops > at
         {
+            if std::env::var("KURA_SIM_FAULT_TRACE").is_ok() {
+                eprintln!("sim fault at op {} (offset {offset_bytes}, len {len}): {}", state.ops, std::backtrace::Backtrace::force_capture());
+            }
             if mode == FaultMode::Once {
                 state.fail_at_op = None;
             }

@@ -43,6 +43,12 @@ const GC_RESERVE_SLOTS: usize = 2;
 const GC_VICTIMS_MAX: usize = 8;
 /// A block is not worth collecting when more than this share of it is live.
 const GC_LIVE_FRACTION_MAX: f64 = 0.95;
+/// The most zero bytes written between a block's summary and its footer to make one write of
+/// the whole block.
+const FOOTER_WRITE_GAP_BYTES_MAX: usize = 1 << 20;
+/// Seals between confirmation rounds (one fdatasync and a checkpoint): bounds the blocks a
+/// crash leaves to verify at open, and how long journal pages stay pinned without `sync()`.
+const CONFIRM_EVERY_SEALS: u64 = 8;
 /// Samples checked per acquisition of the partition lock (writers get in between).
 const DEAD_SAMPLES_PER_LOCK: usize = 16;
 /// Blocks whose live records one garbage-collection pass examines exactly, at most.
@@ -177,8 +183,14 @@ struct Inner {
     /// A write that completed when `sync_started` read `t` is durable once `sync_completed > t`.
     sync_started: AtomicU64,
     sync_completed: AtomicU64,
+    /// Serialises device syncs, so callers that arrive during one can share the next.
+    sync_lock: Mutex<()>,
     /// Block footers written but not yet known durable.
     unconfirmed: Mutex<Vec<Unconfirmed>>,
+    /// Sequence numbers of blocks being written or not yet known durable.
+    unconfirmed_seqs: Mutex<BTreeSet<u64>>,
+    /// Seals since the last confirmation round (a sync making recent blocks durable).
+    seals_since_confirm: AtomicU64,
     gc_lock: Mutex<()>,
     stripes: Box<[Mutex<()>]>,
     seals: Seals,
@@ -194,6 +206,10 @@ struct Inner {
 
 struct Partition {
     state: RwLock<PartitionState>,
+    /// Sync ticket when this partition's last normal block's footer was written: the next one's
+    /// footer waits until that block is durable, so a crash never keeps a newer block of a
+    /// partition while losing an older one (which the watermark would then wrongly cover).
+    last_footer_ticket: AtomicU64,
 }
 
 struct PartitionState {
@@ -267,12 +283,16 @@ struct CheckpointState {
     written: Vec<u64>,
     written_ticket: u64,
     durable: Vec<u64>,
+    /// Every block with a sequence number up to this is durable (confirmed / last written).
+    confirmed_block_seq: u64,
+    written_block_seq: u64,
 }
 
 /// A sealed block whose footer is written but not yet known durable: until it is, its
 /// records' journal pages stay pinned and its watermark stays out of checkpoints.
 struct Unconfirmed {
     ticket: u64,
+    block_seq: u64,
     partition: usize,
     watermark: u64,
     journal_first: Option<u64>,
@@ -536,7 +556,7 @@ fn read_superblock(device: &dyn Device) -> Result<Superblock> {
 }
 
 fn read_checkpoint(device: &dyn Device, sb: &Superblock) -> Checkpoint {
-    let mut best = Checkpoint { seq: 0, watermarks: vec![0; sb.partitions as usize] };
+    let mut best = Checkpoint { seq: 0, confirmed_block_seq: 0, watermarks: vec![0; sb.partitions as usize] };
     for offset in CHECKPOINT_OFFSETS_BYTES {
         let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
         if device.read_at(offset, &mut page).is_err() {
@@ -556,6 +576,7 @@ impl Inner {
     fn new(device: Arc<dyn Device>, sb: Superblock, geo: BlockGeometry, config: &EngineConfig, checkpoint: Checkpoint) -> Self {
         let partitions = (0..sb.partitions)
             .map(|_| Partition {
+                last_footer_ticket: AtomicU64::new(0),
                 state: RwLock::new(PartitionState {
                     active: WriteBuffer::new(&geo),
                     sealing: None,
@@ -582,9 +603,14 @@ impl Inner {
                 written: checkpoint.watermarks.clone(),
                 durable: checkpoint.watermarks,
                 written_ticket: 0,
+                confirmed_block_seq: checkpoint.confirmed_block_seq,
+                written_block_seq: checkpoint.confirmed_block_seq,
             }),
+            unconfirmed_seqs: Mutex::new(BTreeSet::new()),
+            seals_since_confirm: AtomicU64::new(0),
             sync_started: AtomicU64::new(0),
             sync_completed: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
             unconfirmed: Mutex::new(Vec::new()),
             gc_lock: Mutex::new(()),
             stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
@@ -872,42 +898,83 @@ impl Inner {
         self.check_writable()
     }
 
-    /// Writes a frozen buffer as a block: data and summary, fdatasync, footer (durable at the
-    /// next device sync; see `confirm_footers`).
+    /// Writes a frozen buffer as a block, made durable by a later device sync (see
+    /// `confirm_footers`).
     fn seal_buffer(&self, p: usize, slot: u32, frozen: &WriteBuffer) -> Result<()> {
         let records = frozen.sorted_records();
         assert_eq!(block::records_fitting(&self.geo, &records), records.len(), "a write buffer outgrew its block");
         let (index, filter, samples, ticket) = self.write_block(p, slot, BlockKind::Normal, &records)?;
         self.estimate_dead(p, &samples, index.order_key());
         let journal_first = self.partitions[p].state.read().journal_first_sealing;
-        self.unconfirmed.lock().push(Unconfirmed { ticket, partition: p, watermark: frozen.max_version(), journal_first });
+        self.unconfirmed.lock().push(Unconfirmed { ticket, block_seq: index.block_seq, partition: p, watermark: frozen.max_version(), journal_first });
         self.publish(p, index, &filter);
         self.counters.seals.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        self.confirm_round_if_due()
     }
 
-    /// Builds and writes one block: data and summary, fdatasync, then the footer. Returns the
-    /// block's index and the sync ticket after which its footer is durable.
+    /// Builds and writes one block (data and summary, then its footer) without waiting for it
+    /// to be durable. Returns the block's index and the sync ticket after which it is: until
+    /// then the block is unconfirmed, and if a crash comes first, open verifies its pages.
     fn write_block(&self, p: usize, slot: u32, kind: BlockKind, records: &[RecordRef<'_>]) -> Result<(BlockIndex, BloomFilter, block::DeadSamples, u64)> {
+        let chained = kind == BlockKind::Normal;
         let offset = self.sb.block_offset_bytes(slot);
-        let spec = BuildSpec { slot, device_offset_bytes: offset, block_seq: self.last_block_seq.fetch_add(1, Ordering::AcqRel) + 1, partition: p as u32, kind };
+        let block_seq = {
+            let mut seqs = self.unconfirmed_seqs.lock();
+            let seq = self.last_block_seq.fetch_add(1, Ordering::AcqRel) + 1;
+            seqs.insert(seq);
+            seq
+        };
+        let spec = BuildSpec { slot, device_offset_bytes: offset, block_seq, partition: p as u32, kind };
         let mut image = self.images.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(self.geo.block_size));
         let built = block::build(&self.geo, &spec, records, &mut image);
-        let write = self.device.write_at(offset, &image[..built.write_len]);
+        if chained && self.sync_completed.load(Ordering::SeqCst) <= self.partitions[p].last_footer_ticket.load(Ordering::Acquire) {
+            self.device_sync("partition order sync")?;
+        }
+        let footer_at = self.geo.footer_offset();
+        let gap = footer_at - built.write_len;
+        let write = if gap <= FOOTER_WRITE_GAP_BYTES_MAX {
+            // One write for data, summary and footer: nothing orders them (open verifies blocks
+            // sealed since the last confirmation), and one large I/O beats a small one queued
+            // behind other seals.
+            image[built.write_len..footer_at].fill(0);
+            image[footer_at..].copy_from_slice(&block::footer_page(&self.geo, &built.footer));
+            self.device.write_at(offset, &image)
+        } else {
+            self.device.write_at(offset, &image[..built.write_len]).and_then(|()| self.device.write_at(offset + footer_at as u64, &block::footer_page(&self.geo, &built.footer)))
+        };
         self.images.lock().push(image);
         self.io("block write", offset, write)?;
-        // A valid footer must imply a whole block: the data is durable before it is written.
-        self.device_sync("block sync")?;
-        let footer_offset = offset + self.geo.footer_offset() as u64;
-        self.io("footer write", footer_offset, self.device.write_at(footer_offset, &block::footer_page(&self.geo, &built.footer)))?;
         let ticket = self.sync_started.load(Ordering::SeqCst);
+        if chained {
+            self.partitions[p].last_footer_ticket.store(ticket, Ordering::Release);
+        }
         self.counters.flash_writes.fetch_add(2, Ordering::Relaxed);
         self.counters.flash_write_bytes.fetch_add((built.write_len + self.geo.page_size) as u64, Ordering::Relaxed);
         Ok((built.index, built.filter, built.samples, ticket))
     }
 
-    /// fdatasync with a ticket, so writes can tell when a later sync made them durable.
+    /// Every few seals, one device sync makes the recent blocks durable and a checkpoint
+    /// records it.
+    fn confirm_round_if_due(&self) -> Result<()> {
+        if self.seals_since_confirm.fetch_add(1, Ordering::AcqRel) + 1 < CONFIRM_EVERY_SEALS {
+            return Ok(());
+        }
+        self.seals_since_confirm.store(0, Ordering::Release);
+        self.confirm_footers();
+        self.write_checkpoint_if_stale()?;
+        self.device_sync("confirmation sync")?;
+        self.confirm_footers();
+        Ok(())
+    }
+
+    /// Makes every write completed before this call durable: waits for a device sync that
+    /// starts after now. Concurrent callers share one fdatasync (group commit).
     fn device_sync(&self, op: &'static str) -> Result<()> {
+        let after = self.sync_started.load(Ordering::SeqCst);
+        let _one_at_a_time = self.sync_lock.lock();
+        if self.sync_completed.load(Ordering::SeqCst) > after {
+            return Ok(());
+        }
         let ticket = self.sync_started.fetch_add(1, Ordering::SeqCst) + 1;
         self.io(op, 0, self.device.sync())?;
         self.sync_completed.fetch_max(ticket, Ordering::SeqCst);
@@ -925,10 +992,18 @@ impl Inner {
             *pending = keep;
             done
         };
+        let confirmed_block_seq = {
+            let mut seqs = self.unconfirmed_seqs.lock();
+            for u in &done {
+                seqs.remove(&u.block_seq);
+            }
+            seqs.first().map_or(self.last_block_seq.load(Ordering::Acquire), |first| first - 1)
+        };
         let mut cp = self.checkpoint.lock();
         for u in done {
             cp.confirmed[u.partition] = cp.confirmed[u.partition].max(u.watermark);
         }
+        cp.confirmed_block_seq = cp.confirmed_block_seq.max(confirmed_block_seq);
         if cp.written_ticket < completed {
             cp.durable = cp.written.clone();
         }
@@ -938,16 +1013,17 @@ impl Inner {
     /// durable after the next device sync.
     fn write_checkpoint_if_stale(&self) -> Result<()> {
         let mut cp = self.checkpoint.lock();
-        if cp.confirmed == cp.written {
+        if cp.confirmed == cp.written && cp.confirmed_block_seq == cp.written_block_seq {
             return Ok(());
         }
         cp.seq += 1;
-        let checkpoint = Checkpoint { seq: cp.seq, watermarks: cp.confirmed.clone() };
+        let checkpoint = Checkpoint { seq: cp.seq, confirmed_block_seq: cp.confirmed_block_seq, watermarks: cp.confirmed.clone() };
         let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
         checkpoint.encode(self.sb.store_id, &mut page);
         let offset = CHECKPOINT_OFFSETS_BYTES[(cp.seq % 2) as usize];
         self.io("checkpoint write", offset, self.device.write_at(offset, &page))?;
         cp.written = checkpoint.watermarks;
+        cp.written_block_seq = checkpoint.confirmed_block_seq;
         cp.written_ticket = self.sync_started.load(Ordering::SeqCst);
         self.counters.flash_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -977,16 +1053,21 @@ impl Inner {
     /// key estimate; never used for correctness.
     fn estimate_dead(&self, p: usize, samples: &block::DeadSamples, newer_than: (u64, u64)) {
         let mut ids = Vec::new();
+        let mut candidates: Vec<(usize, Arc<BlockIndex>)> = Vec::new();
         for batch in samples.hashes.chunks(DEAD_SAMPLES_PER_LOCK) {
-            let state = self.partitions[p].state.read();
-            for hash in batch {
-                ids.clear();
-                state.bfm.candidates(hash, &mut ids);
-                let newest_older = ids
-                    .iter()
-                    .filter_map(|id| state.blocks.get(*id).map(|(b, _)| b))
-                    .filter(|b| b.order_key() < newer_than && b.may_contain(hash))
-                    .max_by_key(|b| b.order_key());
+            // Only the in-RAM map lookups hold the partition lock; page indexes are probed after.
+            candidates.clear();
+            {
+                let state = self.partitions[p].state.read();
+                for (i, hash) in batch.iter().enumerate() {
+                    ids.clear();
+                    state.bfm.candidates(hash, &mut ids);
+                    let older = ids.iter().filter_map(|id| state.blocks.get(*id)).filter(|(b, _)| b.order_key() < newer_than);
+                    candidates.extend(older.map(|(b, _)| (i, Arc::clone(b))));
+                }
+            }
+            for (i, hash) in batch.iter().enumerate() {
+                let newest_older = candidates.iter().filter(|(j, b)| *j == i && b.may_contain(hash)).map(|(_, b)| b).max_by_key(|b| b.order_key());
                 if let Some(block) = newest_older {
                     block.dead_records_est.fetch_add(samples.every as u32, Ordering::Relaxed);
                 }
@@ -1185,9 +1266,11 @@ impl Inner {
             chunk.truncate(n);
             chunk.sort_unstable_by(block::record_order);
             let slot = self.slots.lock().free.pop().ok_or_else(|| Error::Failed("garbage collection has no free slot".into()))?;
-            let (index, filter, _, _) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
-            // The output's footer must be durable before any victim is freed.
+            let (index, filter, _, ticket) = self.write_block(p, slot, BlockKind::Gc, &chunk)?;
+            self.unconfirmed.lock().push(Unconfirmed { ticket, block_seq: index.block_seq, partition: p, watermark: 0, journal_first: None });
+            // The output must be durable before any victim is freed.
             self.device_sync("gc output sync")?;
+            self.confirm_footers();
             self.publish(p, index, &filter);
             outputs += 1;
             start += n;
@@ -1353,18 +1436,38 @@ impl Inner {
             (start, len, u64::from(*slot))
         });
         let by_slot: HashMap<u32, Footer> = footers.iter().copied().collect();
+        // Blocks sealed after the last durable checkpoint may be torn: verify their pages. New
+        // blocks must be numbered above every number the checkpoint vouches for.
+        let confirmed_seq = self.checkpoint.lock().confirmed_block_seq;
+        self.last_block_seq.fetch_max(confirmed_seq, Ordering::AcqRel);
+        let mut unconfirmed = Vec::new();
         self.read_batch(reads, |slot, result| {
             let slot = slot as u32;
             let footer = &by_slot[&slot];
             let offset = sb.block_offset_bytes(slot);
             let bytes = self.io("summary read", offset, result)?;
+            self.last_block_seq.fetch_max(footer.block_seq, Ordering::AcqRel);
+            let recent = footer.block_seq > confirmed_seq;
             match block::open_summary(&self.geo, slot, offset, footer, &bytes[..footer.summary_len_bytes as usize]) {
+                Ok(found) if recent => unconfirmed.push(found),
                 Ok(found) => loaded.push(found),
+                Err(error) if recent => tracing::info!(slot, %error, "dropping a block torn by a crash while it was sealed"),
                 Err(source) if sb.mode == Mode::Store => return Err(Error::Corrupt { what: "block summary", offset_bytes: offset + footer.summary_offset_bytes, source }),
                 Err(error) => tracing::warn!(slot, %error, "dropping a block whose summary is corrupt (cache mode)"),
             }
             Ok(())
         })?;
+        let mut torn: Vec<u32> = footers.iter().filter(|(_, f)| f.block_seq > confirmed_seq).map(|(slot, _)| *slot).collect();
+        for found in unconfirmed {
+            if self.block_data_intact(&found.0)? {
+                torn.retain(|&slot| slot != found.0.slot);
+                loaded.push(found);
+            } else {
+                tracing::info!(slot = found.0.slot, "dropping a block torn by a crash while it was sealed");
+            }
+        }
+        // A torn block's footer must not outlive this open: a later checkpoint would vouch for it.
+        self.free_footers(&torn)?;
         let count = loaded.len();
         let mut watermarks = self.checkpoint.lock().confirmed.clone();
         for (index, _, _) in &loaded {
@@ -1396,6 +1499,33 @@ impl Inner {
         }
         self.slots.lock().free = (0..sb.block_count).rev().filter(|&s| !used[s as usize]).collect();
         Ok(count)
+    }
+
+    /// Marks block slots free on the device (durably).
+    fn free_footers(&self, slots: &[u32]) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let mut page = AlignedBuf::zeroed(self.geo.page_size);
+        Footer::encode_free(self.sb.store_id, &mut page);
+        for &slot in slots {
+            let offset = self.sb.block_offset_bytes(slot) + self.geo.footer_offset() as u64;
+            self.io("free footer write", offset, self.device.write_at(offset, &page))?;
+        }
+        self.device_sync("free footer sync")
+    }
+
+    /// Whether every page and slot of a block reads back with its checksum and sequence number
+    /// (used at open for blocks sealed after the last durable checkpoint).
+    fn block_data_intact(&self, index: &BlockIndex) -> Result<bool> {
+        let len = (index.data_end_bytes as usize).next_multiple_of(self.geo.sector).max(self.geo.sector);
+        let mut data = AlignedBuf::zeroed(len);
+        self.io("verify read", index.device_offset_bytes, self.device.read_at(index.device_offset_bytes, &mut data))?;
+        Ok(index.all_spans().iter().all(|span| {
+            let start = (span.offset_bytes - index.device_offset_bytes) as usize;
+            let bytes = &data[start..start + span.len_bytes as usize];
+            block::visit_span(span, bytes, self.sb.store_id, index.block_seq, |_, _, _| true).is_ok()
+        }))
     }
 
     /// Issues reads through an io_uring queue and hands each result to `on_done`.

@@ -59,7 +59,7 @@ pub const FOOTER_BYTES: usize = 64;
 pub const SUMMARY_HEADER_BYTES: usize = 128;
 pub const JOURNAL_PAGE_HEADER_BYTES: usize = 40;
 pub const JOURNAL_ENTRY_HEADER_BYTES: usize = 16;
-pub const CHECKPOINT_HEADER_BYTES: usize = 32;
+pub const CHECKPOINT_HEADER_BYTES: usize = 40;
 /// `first_entry_offset` when no journal entry starts in a page.
 pub const JOURNAL_NO_ENTRY_START: u32 = u32::MAX;
 
@@ -344,10 +344,12 @@ impl Superblock {
 
 /// Per-partition watermarks: every record of partition `p` with version `<= watermarks[p]` is
 /// in a durable sealed block (or was dropped with it), so journal entries at or below it are
-/// obsolete.
+/// obsolete. And every block with a sequence number `<= confirmed_block_seq` is durable; blocks
+/// above it were sealed without a sync since and are verified at open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     pub seq: u64,
+    pub confirmed_block_seq: u64,
     pub watermarks: Vec<u64>,
 }
 
@@ -355,7 +357,7 @@ impl Checkpoint {
     pub fn encode(&self, store_id: u64, out: &mut [u8]) {
         assert!(self.watermarks.len() <= PARTITIONS_MAX as usize);
         let mut w = Writer::at(out, 8);
-        w.u64(store_id).u64(self.seq).u32(self.watermarks.len() as u32).u32(0);
+        w.u64(store_id).u64(self.seq).u64(self.confirmed_block_seq).u32(self.watermarks.len() as u32).u32(0);
         for &mark in &self.watermarks {
             w.u64(mark);
         }
@@ -370,6 +372,7 @@ impl Checkpoint {
         let sum = r.u32()?;
         let found_store = r.u64()?;
         let seq = r.u64()?;
+        let confirmed_block_seq = r.u64()?;
         let count = r.u32()?;
         r.u32()?;
         if count > PARTITIONS_MAX {
@@ -380,7 +383,7 @@ impl Checkpoint {
             return Err(FormatError::BadChecksum);
         }
         check_store(found_store, store_id)?;
-        Ok(Self { seq, watermarks })
+        Ok(Self { seq, confirmed_block_seq, watermarks })
     }
 }
 
@@ -809,7 +812,7 @@ mod tests {
 
     #[test]
     fn checkpoint_and_journal_headers() {
-        let cp = Checkpoint { seq: 4, watermarks: vec![1, 2, 3] };
+        let cp = Checkpoint { seq: 4, confirmed_block_seq: 9, watermarks: vec![1, 2, 3] };
         let mut page = vec![0u8; 4096];
         cp.encode(5, &mut page);
         assert_eq!(Checkpoint::decode(&page, 5).unwrap(), cp);
