@@ -103,6 +103,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
             base64_key: false,
         } => (b"me", vec![Arg::Bytes(key)], false),
         Request::Version => (b"version", vec![], false),
+        Request::Sync { noreply } => (b"sync", vec![], noreply),
         Request::Storage(_)
         | Request::Retrieval(_)
         | Request::Stats { .. }

@@ -47,6 +47,12 @@ pub enum Request<'a> {
     },
     /// `version` (arguments ignored, as by memcached).
     Version,
+    /// `sync [noreply]` (kura's extension; memcached answers `ERROR`): reply `OK` once every
+    /// write acknowledged before it is durable.
+    Sync {
+        /// Send no reply (the barrier still holds for later requests on the connection).
+        noreply: bool,
+    },
     /// `verbosity <level> [noreply]`.
     Verbosity {
         /// Requested level.

@@ -581,6 +581,8 @@ impl Model {
                 reply_unless(out, *noreply, Reply::Ok);
             }
             Request::Version => encode::version(out, RECORDED_VERSION),
+            // kura's extension; memcached does not know the command.
+            Request::Sync { .. } => out.extend_from_slice(b"ERROR\r\n"),
             Request::Quit => return false,
             Request::Stats { .. } => encode::reply(out, Reply::End),
             Request::Shutdown(_) => out.extend_from_slice(b"ERROR: shutdown not enabled\r\n"),

@@ -384,6 +384,8 @@ fn classic_spec() -> impl Strategy<Value = Spec> {
         words(0, 4).prop_map(|args| Spec::Stats { args }),
         proptest::sample::select(vec![
             Request::Version,
+            Request::Sync { noreply: false },
+            Request::Sync { noreply: true },
             Request::Quit,
             Request::MetaNoop,
             Request::Shutdown(ShutdownMode::Immediate),

@@ -117,6 +117,8 @@ pub struct Ctx<'a> {
     pub out: &'a mut Output,
     /// Set when the request wrote (for `--sync always`).
     pub wrote: &'a mut bool,
+    /// Set by `sync`: make every acknowledged write durable before this turn's replies leave.
+    pub sync_requested: &'a mut bool,
 }
 
 /// Whether a request must wait for the connection's pending reads: it writes,
@@ -180,6 +182,10 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         Request::Version => ctx
             .out
             .push_with(|out| encode::version(out, crate::stats::VERSION.as_bytes())),
+        Request::Sync { noreply } => {
+            *ctx.sync_requested = true;
+            reply(ctx, Reply::Ok, noreply);
+        }
         Request::Verbosity { noreply, .. } => reply(ctx, Reply::Ok, noreply),
         Request::Quit => return Flow::Close,
         Request::Stats { args } => stats(ctx, args.first(), args.len()),

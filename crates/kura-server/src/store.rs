@@ -16,7 +16,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kura_engine::{Condition, Engine, EngineConfig, Item, Mode, RecordKind};
 use kura_proto::{ArithmeticOp, KEY_LENGTH_MAX};
@@ -311,7 +311,13 @@ pub struct Store {
     stripes: Box<[Mutex<()>]>,
     item_size_max_bytes: usize,
     mode: Mode,
-    dirty: AtomicBool,
+    /// Writes so far (bumped after each engine write) and the count a completed sync covered:
+    /// a sync is needed while `writes_synced < writes`.
+    writes: AtomicU64,
+    writes_synced: AtomicU64,
+    /// One engine sync at a time, so a caller that finds one running waits for it and then
+    /// checks whether it covered its writes (group commit).
+    sync_lock: Mutex<()>,
     pub counters: StoreCounters,
 }
 
@@ -369,7 +375,9 @@ impl Store {
             stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             item_size_max_bytes: config.item_size_max_bytes,
             mode,
-            dirty: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
+            writes_synced: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
             counters: StoreCounters::default(),
             engine,
         })
@@ -395,16 +403,24 @@ impl Store {
         self.cache.set_limit(limit_bytes);
     }
 
-    /// Makes every acknowledged write durable, if any happened since the last time.
+    /// Makes every write acknowledged before this call durable, if any happened since the last
+    /// sync. Concurrent callers share one engine sync when it covers their writes, and never
+    /// return before the sync that covers them has completed.
     pub fn sync_if_dirty(&self) -> StoreResult<()> {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
+        let target = self.writes.load(Ordering::Acquire);
+        if self.writes_synced.load(Ordering::Acquire) >= target {
             return Ok(());
         }
+        let _one_at_a_time = self.sync_lock.lock();
+        if self.writes_synced.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        let covered = self.writes.load(Ordering::Acquire);
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         self.engine.sync().inspect_err(|_| {
             self.counters.sync_failures.fetch_add(1, Ordering::Relaxed);
-            self.dirty.store(true, Ordering::Release);
         })?;
+        self.writes_synced.fetch_max(covered, Ordering::AcqRel);
         Ok(())
     }
 
@@ -543,7 +559,7 @@ impl Store {
                 unreachable!("unconditional write")
             }
         };
-        self.dirty.store(true, Ordering::Release);
+        self.writes.fetch_add(1, Ordering::AcqRel);
         let now_s = clock::unix_now_s();
         let cached = Arc::new(CachedRecord::new(
             record.into_boxed_slice(),
@@ -681,7 +697,7 @@ impl Store {
             DeleteMode::Remove => {
                 self.engine
                     .write(key, &[], RecordKind::Tombstone, Condition::Always)?;
-                self.dirty.store(true, Ordering::Release);
+                self.writes.fetch_add(1, Ordering::AcqRel);
                 self.cache.update(key, None, false);
             }
             DeleteMode::MarkStale { exptime_s } => {

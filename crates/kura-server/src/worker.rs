@@ -155,6 +155,8 @@ pub struct Worker {
     dirty: Vec<usize>,
     completions: Vec<Completion>,
     wrote: bool,
+    /// A `sync` command ran this turn.
+    sync_requested: bool,
     draining_since: Option<Instant>,
 }
 
@@ -188,6 +190,7 @@ impl Worker {
             dirty: Vec::new(),
             completions: Vec::new(),
             wrote: false,
+            sync_requested: false,
             draining_since: None,
         })
     }
@@ -366,6 +369,7 @@ impl Worker {
                 conn_gen: conn.generation,
                 out: &mut conn.out,
                 wrote: &mut wrote,
+                sync_requested: &mut self.sync_requested,
             };
             if let Some((lookup, offset_bytes, len_bytes)) =
                 finish_lookup(&mut ctx, lookup, completion.result)
@@ -545,6 +549,7 @@ impl Worker {
                         conn_gen: *generation,
                         out,
                         wrote: &mut wrote,
+                        sync_requested: &mut self.sync_requested,
                     };
                     let flow = exec::execute(&mut ctx, request, raw);
                     *start += consumed_bytes;
@@ -576,12 +581,15 @@ impl Worker {
         conn.shrink_if_idle();
     }
 
-    /// `--sync always`: make this turn's writes durable before any reply to them leaves.
+    /// `--sync always` or a `sync` command: make this turn's writes (every acknowledged write,
+    /// for `sync`) durable before any reply leaves.
     fn sync_writes(&mut self) {
-        if !std::mem::take(&mut self.wrote) {
+        let sync_requested = std::mem::take(&mut self.sync_requested);
+        let wrote = std::mem::take(&mut self.wrote);
+        if !sync_requested && !wrote {
             return;
         }
-        if !self.shared.limits.sync_always {
+        if !sync_requested && !self.shared.limits.sync_always {
             for conn in self.conns.iter_mut().flatten() {
                 conn.unsynced = false;
             }
@@ -590,7 +598,7 @@ impl Worker {
         if let Err(error) = self.shared.store.sync_if_dirty() {
             tracing::error!(%error, "sync failed; closing the connections whose writes it covered");
             for index in 0..self.conns.len() {
-                if self.conns[index].as_ref().is_some_and(|c| c.unsynced) {
+                if self.conns[index].as_ref().is_some_and(|c| c.unsynced || sync_requested) {
                     self.close(index);
                 }
             }

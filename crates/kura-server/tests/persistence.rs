@@ -134,6 +134,33 @@ fn sigkill_loses_no_acknowledged_write_with_sync_always_store_mode() {
     sigkill_after_acknowledged_writes("store");
 }
 
+/// `sync` (kura's extension) is a barrier over every write acknowledged before it, from any
+/// connection, even with `--sync never`.
+#[test]
+fn sigkill_after_a_sync_command_loses_nothing_acknowledged_before_it() {
+    let mut kura = Kura::start(&["--mode", "store", "--sync", "never"]);
+    let mut other = kura.client();
+    let mut c = kura.client();
+    let mut batch = Vec::new();
+    for i in 0..500u32 {
+        let value = format!("v{i}-{}", "x".repeat(i as usize * 7 % 5000));
+        batch.extend_from_slice(format!("set k{i} {i} 0 {} noreply\r\n", value.len()).as_bytes());
+        batch.extend_from_slice(value.as_bytes());
+        batch.extend_from_slice(b"\r\n");
+    }
+    batch.extend_from_slice(b"delete k7\r\n");
+    other.expect(batch, "DELETED\r\n");
+    c.expect("sync\r\n", "OK\r\n");
+    c.expect("sync noreply\r\nsync extra\r\nmn\r\n", "CLIENT_ERROR bad command line format\r\nMN\r\n");
+    kura.kill();
+    kura.restart();
+    let mut c = kura.client();
+    for i in 0..500u32 {
+        let expected = (i != 7).then(|| format!("v{i}-{}", "x".repeat(i as usize * 7 % 5000)).into_bytes());
+        assert_eq!(c.get(&format!("k{i}")), expected, "k{i} after SIGKILL");
+    }
+}
+
 #[test]
 fn a_full_cache_evicts_the_oldest_and_never_refuses_a_set() {
     let kura = Kura::start(&[

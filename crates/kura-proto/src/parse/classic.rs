@@ -62,6 +62,7 @@ pub(super) fn parse<'a>(
         b"verbosity" => verbosity(line)?,
         b"cache_memlimit" => cache_memlimit(line)?,
         b"version" => Request::Version,
+        b"sync" => sync(line)?,
         b"quit" => Request::Quit,
         b"stats" => Request::Stats {
             args: Tokens::new(rest),
@@ -178,6 +179,16 @@ fn flush_all<'a>(line: &Line<'a>) -> Result<Request<'a>, LineError> {
         Some(parse_i64(line.get(1)).ok_or_else(fail)?)
     };
     Ok(Request::FlushAll { delay_s, noreply })
+}
+
+/// `sync [noreply]`.
+fn sync<'a>(line: &Line<'a>) -> Result<Request<'a>, LineError> {
+    require_tokens(line, 1, 2)?;
+    let noreply = says_noreply(line);
+    if line.count() == 2 && !noreply {
+        return Err(LineError::new(ErrorKind::BadCommandLineFormat));
+    }
+    Ok(Request::Sync { noreply })
 }
 
 /// `verbosity <level> [noreply]`.

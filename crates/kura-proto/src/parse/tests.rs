@@ -689,6 +689,8 @@ mod other_classic {
     fn version_quit_stats_shutdown_memlimit() {
         assert_eq!(ok(b"version\r\n"), Request::Version);
         assert_eq!(ok(b"version x\r\n"), Request::Version);
+        assert_eq!(ok(b"sync\r\n"), Request::Sync { noreply: false });
+        assert_eq!(ok(b"sync noreply\r\n"), Request::Sync { noreply: true });
         assert_eq!(ok(b"quit\r\n"), Request::Quit);
         assert_eq!(ok(b"quit x\r\n"), Request::Quit);
         assert_eq!(
