@@ -13,6 +13,8 @@ pub const VALUE_SIZE_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// reads but more RAM in write buffers (each partition fills a whole block in RAM).
 pub const BLOCKS_PER_PARTITION_TARGET: u32 = 44;
 pub const PARTITIONS_AUTO_MAX: u32 = 32;
+/// Most fingerprint bits [`EngineConfig::index_bits_for`] adds for a capped partition count.
+pub const FINGERPRINT_BITS_EXTRA_MAX: u32 = 8;
 pub const SEAL_THREADS_DEFAULT: usize = 4;
 pub const SEAL_THREADS_MAX: usize = 64;
 
@@ -26,6 +28,11 @@ pub struct EngineConfig {
     /// Key-hash partitions (independent write streams and Bloom Filter Maps); 0 = derived from
     /// the number of blocks. Fixed at format time.
     pub partitions: u32,
+    /// With `partitions = 0`: at most this many. Each partition holds a block-sized write
+    /// buffer in RAM, so fewer partitions save RAM; when the cap leaves a partition more
+    /// blocks than [`BLOCKS_PER_PARTITION_TARGET`], each doubling adds one fingerprint bit
+    /// (and one index bit per key), so a miss still costs under ~0.05 flash reads.
+    pub partitions_max: u32,
     /// RAM index budget per key: Bloom filter bits plus page-index bits. Fixed at format time.
     pub index_bits_per_key: u32,
     /// Hash bits per record kept in the page index beyond those that address it; each one
@@ -55,6 +62,7 @@ impl Default for EngineConfig {
             page_size_bytes: PAGE_SIZE_BYTES_DEFAULT,
             block_size_bytes: BLOCK_SIZE_BYTES_DEFAULT,
             partitions: 0,
+            partitions_max: PARTITIONS_AUTO_MAX,
             index_bits_per_key: INDEX_BITS_PER_KEY_DEFAULT,
             fingerprint_bits: FINGERPRINT_BITS_DEFAULT,
             mode: None,
@@ -90,6 +98,9 @@ impl EngineConfig {
         if self.key_size_max == 0 || self.key_size_max > KEY_SIZE_BYTES_MAX {
             return Err(format!("key size limit must be 1..={KEY_SIZE_BYTES_MAX}"));
         }
+        if self.partitions_max == 0 {
+            return Err("partitions_max must be at least 1".into());
+        }
         if self.seal_threads > SEAL_THREADS_MAX {
             return Err(format!("at most {SEAL_THREADS_MAX} seal threads"));
         }
@@ -107,6 +118,42 @@ impl EngineConfig {
         if self.partitions != 0 {
             return self.partitions;
         }
-        block_count.div_ceil(BLOCKS_PER_PARTITION_TARGET).clamp(1, PARTITIONS_AUTO_MAX)
+        block_count.div_ceil(BLOCKS_PER_PARTITION_TARGET).clamp(1, self.partitions_max.clamp(1, PARTITIONS_AUTO_MAX))
+    }
+
+    /// Fingerprint bits and index bits per key for a store of `block_count` blocks in
+    /// `partitions` partitions: the configured ones, plus one of each for every doubling of
+    /// blocks per partition beyond [`BLOCKS_PER_PARTITION_TARGET`] when the partition count was
+    /// capped by `partitions_max` (an explicit count keeps the configured bits).
+    pub fn index_bits_for(&self, block_count: u32, partitions: u32) -> (u32, u32) {
+        let mut extra = 0;
+        if self.partitions == 0 {
+            let per_partition = block_count.div_ceil(partitions.max(1));
+            while per_partition > BLOCKS_PER_PARTITION_TARGET << extra && extra < FINGERPRINT_BITS_EXTRA_MAX {
+                extra += 1;
+            }
+        }
+        ((self.fingerprint_bits + extra).min(24), (self.index_bits_per_key + extra).min(64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_partitions_widen_fingerprints_per_doubling() {
+        let uncapped = EngineConfig::default();
+        assert_eq!(uncapped.partitions_for(880), 20);
+        assert_eq!(uncapped.index_bits_for(880, 20), (FINGERPRINT_BITS_DEFAULT, INDEX_BITS_PER_KEY_DEFAULT));
+        let capped = EngineConfig { partitions_max: 4, ..EngineConfig::default() };
+        assert_eq!(capped.partitions_for(880), 4);
+        // 220 blocks per partition: 5x the target, so three doublings.
+        assert_eq!(capped.index_bits_for(880, 4), (FINGERPRINT_BITS_DEFAULT + 3, INDEX_BITS_PER_KEY_DEFAULT + 3));
+        assert_eq!(capped.partitions_for(100), 3);
+        assert_eq!(capped.index_bits_for(100, 3), (FINGERPRINT_BITS_DEFAULT, INDEX_BITS_PER_KEY_DEFAULT));
+        let explicit = EngineConfig { partitions: 1, ..EngineConfig::default() };
+        assert_eq!(explicit.index_bits_for(880, 1), (FINGERPRINT_BITS_DEFAULT, INDEX_BITS_PER_KEY_DEFAULT));
+        assert!(EngineConfig { partitions_max: 0, ..EngineConfig::default() }.validate().is_err());
     }
 }

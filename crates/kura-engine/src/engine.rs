@@ -489,6 +489,7 @@ fn layout(device_bytes: u64, config: &EngineConfig) -> Result<Superblock> {
     };
     let blocks_offset = (journal_offset + 2 * u64::from(journal_pages) * page).next_multiple_of(BLOCK_REGION_ALIGNMENT_BYTES.max(page));
     let block_count = (device_bytes.saturating_sub(blocks_offset) / block) as u32;
+    let (fingerprint_bits, index_bits_per_key) = config.index_bits_for(block_count, partitions);
     let needed = 2 * partitions + 2 + GC_RESERVE_SLOTS as u32;
     if block_count < needed {
         return Err(Error::InvalidConfig(format!(
@@ -508,8 +509,8 @@ fn layout(device_bytes: u64, config: &EngineConfig) -> Result<Superblock> {
         journal_logical_pages: journal_pages,
         blocks_offset_bytes: blocks_offset,
         mode: config.mode.unwrap_or(Mode::Cache),
-        index_bits_per_key: config.index_bits_per_key,
-        fingerprint_bits: config.fingerprint_bits,
+        index_bits_per_key,
+        fingerprint_bits,
     };
     sb.validate().map_err(|e| Error::InvalidConfig(e.to_string()))?;
     Ok(sb)

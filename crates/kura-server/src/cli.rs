@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// Engine threads that write full blocks to flash in the background.
     #[arg(long, default_value_t = 2)]
     pub seal_threads: usize,
+    /// Most key-hash partitions of a new store. Each keeps a block-sized write buffer in RAM;
+    /// fewer partitions need a slightly larger index per key to keep misses off flash.
+    #[arg(long, default_value_t = config::PARTITIONS_MAX_DEFAULT)]
+    pub partitions_max: u32,
 }
 
 impl ServeArgs {
@@ -126,6 +130,7 @@ impl ServeArgs {
             pending_reads_per_conn_max: config::PENDING_READS_PER_CONN_MAX,
             read_queue_depth: config::READ_QUEUE_DEPTH_DEFAULT,
             seal_threads: self.seal_threads,
+            partitions_max: self.partitions_max,
         };
         config.validate()?;
         Ok(config)

@@ -31,6 +31,11 @@ pub const OUTPUT_HIGH_BYTES_DEFAULT: usize = 4 << 20;
 pub const PENDING_READS_PER_CONN_MAX: usize = 256;
 /// Flash reads in flight per worker.
 pub const READ_QUEUE_DEPTH_DEFAULT: usize = 256;
+/// Engine partitions a new store gets at most (`--partitions-max`). Each holds a block-sized
+/// write buffer in RAM (4 MiB blocks by default, so ~5 MiB with its spare room); past the
+/// engine's target of blocks per partition, the index spends a bit per key per doubling to
+/// keep misses off flash. Four keep a server's fixed RAM small and writes parallel.
+pub const PARTITIONS_MAX_DEFAULT: u32 = 4;
 
 /// When writes are made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +152,7 @@ pub struct ServerConfig {
     pub read_queue_depth: usize,
     /// Engine threads that write sealed blocks.
     pub seal_threads: usize,
+    pub partitions_max: u32,
 }
 
 impl ServerConfig {
@@ -157,6 +163,9 @@ impl ServerConfig {
         }
         if self.threads == 0 {
             return Err("-t/--threads must be at least 1".to_owned());
+        }
+        if self.partitions_max == 0 {
+            return Err("--partitions-max must be at least 1".to_owned());
         }
         if self.max_connections == 0 {
             return Err("-c/--max-connections must be at least 1".to_owned());

@@ -267,6 +267,7 @@ fn open_store(config: &ServerConfig) -> Result<Arc<Store>, ServerError> {
         mode: config.mode,
         block_size_bytes: config.block_size_bytes,
         seal_threads: config.seal_threads,
+        partitions_max: config.partitions_max,
     };
     let store = Store::open(&config.path, &store_config).map_err(|source| ServerError::Store {
         path: config.path.display().to_string(),

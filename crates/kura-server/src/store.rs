@@ -292,6 +292,8 @@ pub struct StoreConfig {
     /// `None`: derived from the item size limit.
     pub block_size_bytes: Option<u32>,
     pub seal_threads: usize,
+    /// Used when the store is created: see [`crate::config::PARTITIONS_MAX_DEFAULT`].
+    pub partitions_max: u32,
 }
 
 /// The smallest block size (a power of two, at least 4 MiB) that holds the
@@ -340,6 +342,7 @@ impl Store {
             size_bytes: Some(config.size_bytes),
             value_size_max_bytes: record_max,
             seal_threads: config.seal_threads,
+            partitions_max: config.partitions_max,
             ..EngineConfig::default()
         };
         let engine = Engine::open(path, &engine_config)?;

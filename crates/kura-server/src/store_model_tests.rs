@@ -93,6 +93,7 @@ fn new_store() -> Store {
         mode: Some(Mode::Store),
         value_size_max_bytes: 16 << 10,
         seal_threads: 0,
+        partitions_max: crate::config::PARTITIONS_MAX_DEFAULT,
         ..EngineConfig::default()
     };
     let engine = Engine::create(device, &config).expect("create engine");
@@ -103,6 +104,7 @@ fn new_store() -> Store {
         mode: None,
         block_size_bytes: None,
         seal_threads: 0,
+        partitions_max: crate::config::PARTITIONS_MAX_DEFAULT,
     };
     Store::with_engine(engine, &store_config).expect("store")
 }
