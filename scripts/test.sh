@@ -42,6 +42,9 @@ packages=(
   cpio                # packs the initramfs
   kmod                # depmod/modprobe for the VM's modules
   xz-utils            # the kernel's modules are .ko.xz
+  sqlite3             # a real database under the LD_PRELOAD file system
+  python3             # os/shutil/pathlib programs under the preload
+  gcc                 # compiles the C test program of the preload (stdio, POSIX calls)
 )
 
 sudo_cmd=()

@@ -1,8 +1,12 @@
 //! The `kura` command.
 
 mod bench_engine;
+mod bench_fs;
+mod block_cmd;
+mod bench_pool;
 mod bench_server;
 mod engine_cmd;
+mod fs_cmd;
 mod serve;
 mod size;
 
@@ -30,6 +34,21 @@ enum Command {
         #[command(subcommand)]
         command: engine_cmd::EngineCommand,
     },
+    /// Block volumes in a pool: create, list, resize, delete.
+    Volume {
+        #[command(subcommand)]
+        command: block_cmd::VolumeCommand,
+    },
+    /// Serve volumes as block devices: NBD, a FUSE file for loop devices, ublk.
+    Block {
+        #[command(subcommand)]
+        command: block_cmd::BlockCommand,
+    },
+    /// The POSIX file system on the pool: run programs with it preloaded, or mount it (FUSE).
+    Fs {
+        #[command(subcommand)]
+        command: fs_cmd::FsCommand,
+    },
     /// Benchmarks that print JSON, each with its anchor measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -43,6 +62,10 @@ enum BenchCommand {
     Engine(bench_engine::EngineBenchArgs),
     /// kura's memcached server against memcached (DRAM) and memcached with extstore (paper 003).
     Server(bench_server::ServerBenchArgs),
+    /// The pool client on each backend, with memaslap and redis-benchmark as anchors (paper 000).
+    Pool(bench_pool::PoolBenchArgs),
+    /// The file system under the preload and through FUSE against ext4 on the same disk (paper 004).
+    Fs(bench_fs::FsBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,7 +75,12 @@ fn main() -> anyhow::Result<()> {
         Command::Engine { command } => engine_cmd::run(command),
         Command::Bench { command: BenchCommand::Engine(args) } => bench_engine::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Volume { command } => block_cmd::run_volume(command),
+        Command::Block { command } => block_cmd::run_block(command),
         Command::Bench { command: BenchCommand::Server(args) } => bench_server::run(&args),
+        Command::Bench { command: BenchCommand::Pool(args) } => bench_pool::run(&args),
+        Command::Fs { command } => fs_cmd::run(command),
+        Command::Bench { command: BenchCommand::Fs(args) } => bench_fs::run(&args),
     }
 }
 

@@ -1,0 +1,6 @@
+//! NBD: the protocol ([`proto`], pure) and the server ([`server`]).
+
+pub mod proto;
+pub mod server;
+
+pub use server::{NbdConfig, NbdServer, NbdStats, PORT_DEFAULT};

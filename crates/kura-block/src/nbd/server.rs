@@ -1,0 +1,870 @@
+//! The NBD server: one export per volume, over TCP and Unix sockets.
+//!
+//! Each connection has its own thread, its own pool context and [`BlockQueue`] (the paper's
+//! per-core design: nothing is shared on the request path but the per-volume block locks).
+//! A thread reads whatever requests have arrived with one `read`, turns them into pool
+//! requests submitted together, and writes every finished reply with one `writev`. While pool
+//! requests are in flight it waits on the pool, and picks up newly arrived requests after each
+//! batch of completions; when nothing is in flight it waits on the socket.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kura_pool::{Context, Pool};
+
+use super::proto::{self, ClientOption, Command, ExportLimits, ProtoError};
+use crate::error::BlockError;
+use crate::layout::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
+use crate::queue::{BlockLocks, BlockQueue, Done, Volume};
+use crate::volume::{VolumeMeta, Volumes};
+
+/// The NBD port (IANA).
+pub const PORT_DEFAULT: u16 = 10809;
+/// Largest read or write a client may send (advertised in `NBD_INFO_BLOCK_SIZE`).
+pub const MAX_BLOCK_BYTES_DEFAULT: u32 = 32 << 20;
+pub const MAX_BLOCK_BYTES_MAX: u32 = 64 << 20;
+pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
+/// A handshake that takes longer than this is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Options one handshake may send before the server hangs up.
+const OPTIONS_MAX: usize = 1024;
+/// Longest option data accepted (an export name is at most 4 KiB).
+const OPTION_DATA_BYTES_MAX: u32 = proto::STRING_BYTES_MAX as u32 + 64;
+/// Requests one connection keeps in flight before it stops reading new ones.
+const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
+/// Bytes of reads and writes one connection keeps in flight before it stops reading.
+const IN_FLIGHT_BYTES_MAX: u64 = 256 << 20;
+/// Bytes of replies waiting for the socket before the connection stops reading.
+const OUT_BYTES_MAX: usize = 256 << 20;
+/// The receive buffer's initial size (it grows to hold one whole write).
+const INBUF_BYTES: usize = 256 << 10;
+/// Replies per `writev`.
+const REPLIES_PER_WRITE_MAX: usize = 256;
+/// Read buffers kept for reuse per connection.
+const SPARE_BUFFERS_MAX: usize = 64;
+/// How often idle listeners and connections look at the stop flag.
+const STOP_CHECK_INTERVAL_MS: i32 = 200;
+/// How long `stop` waits for connections to finish their requests.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct NbdConfig {
+    /// Listen on this TCP address (e.g. `127.0.0.1:10809`).
+    pub tcp: Option<SocketAddr>,
+    /// Listen on this Unix socket (created; an existing socket file is replaced).
+    pub unix: Option<PathBuf>,
+    /// The volumes exported; `None`: every volume of the pool (looked up at each handshake).
+    pub volumes: Option<Vec<String>>,
+    pub read_only: bool,
+    pub connections_max: usize,
+    /// Pool operations each connection keeps in flight, at most.
+    pub window: usize,
+    pub max_block_bytes: u32,
+}
+
+impl Default for NbdConfig {
+    fn default() -> Self {
+        Self {
+            tcp: None,
+            unix: None,
+            volumes: None,
+            read_only: false,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            window: crate::queue::WINDOW_MAX,
+            max_block_bytes: MAX_BLOCK_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// Counters of a running server.
+#[derive(Debug, Default)]
+pub struct NbdStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub connections_active: AtomicUsize,
+    pub requests: AtomicU64,
+    pub error_replies: AtomicU64,
+    /// Connections closed for a protocol violation.
+    pub protocol_errors: AtomicU64,
+}
+
+struct Shared {
+    pool: Pool,
+    config: NbdConfig,
+    stop: AtomicBool,
+    /// Block locks per volume id, shared by every connection to the volume.
+    locks: Mutex<HashMap<u64, Arc<BlockLocks>>>,
+    stats: NbdStats,
+}
+
+/// A running NBD server; [`NbdServer::stop`] ends it.
+pub struct NbdServer {
+    shared: Arc<Shared>,
+    acceptors: Vec<JoinHandle<()>>,
+    tcp_addr: Option<SocketAddr>,
+    unix_path: Option<PathBuf>,
+}
+
+impl NbdServer {
+    /// Binds the listeners and starts serving.
+    pub fn start(pool: Pool, config: NbdConfig) -> io::Result<Self> {
+        if config.tcp.is_none() && config.unix.is_none() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no TCP address and no Unix socket to listen on"));
+        }
+        if !(BLOCK_SIZE_BYTES as u32..=MAX_BLOCK_BYTES_MAX).contains(&config.max_block_bytes) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("max block size must be 4096..={MAX_BLOCK_BYTES_MAX}")));
+        }
+        let tcp = config.tcp.map(TcpListener::bind).transpose()?;
+        let tcp_addr = tcp.as_ref().map(TcpListener::local_addr).transpose()?;
+        let unix = match &config.unix {
+            Some(path) => {
+                if std::fs::symlink_metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+                    std::fs::remove_file(path)?;
+                }
+                Some(UnixListener::bind(path)?)
+            }
+            None => None,
+        };
+        let unix_path = config.unix.clone();
+        let shared = Arc::new(Shared { pool, config, stop: AtomicBool::new(false), locks: Mutex::new(HashMap::new()), stats: NbdStats::default() });
+        let mut acceptors = Vec::new();
+        if let Some(listener) = tcp {
+            listener.set_nonblocking(true)?;
+            let shared = Arc::clone(&shared);
+            acceptors.push(std::thread::Builder::new().name("nbd-accept-tcp".into()).spawn(move || accept_loop(&shared, &Listener::Tcp(listener)))?);
+        }
+        if let Some(listener) = unix {
+            listener.set_nonblocking(true)?;
+            let shared = Arc::clone(&shared);
+            acceptors.push(std::thread::Builder::new().name("nbd-accept-unix".into()).spawn(move || accept_loop(&shared, &Listener::Unix(listener)))?);
+        }
+        Ok(Self { shared, acceptors, tcp_addr, unix_path })
+    }
+
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp_addr
+    }
+
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.unix_path.as_deref()
+    }
+
+    pub fn stats(&self) -> &NbdStats {
+        &self.shared.stats
+    }
+
+    /// Stops accepting, lets every connection finish the requests it has read (new ones are
+    /// not read), closes them and removes the Unix socket.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for handle in self.acceptors.drain(..) {
+            let _ = handle.join();
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while self.shared.stats.connections_active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(path) = &self.unix_path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        if !self.acceptors.is_empty() {
+            self.shutdown();
+        }
+    }
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// A client connection.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
+    fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(timeout).and_then(|()| s.set_write_timeout(timeout)),
+            Stream::Unix(s) => s.set_read_timeout(timeout).and_then(|()| s.set_write_timeout(timeout)),
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Waits until `fd` is readable (if `read`) or writable (if `write`), or `timeout_ms`
+/// passes. Returns (readable, writable); a hang-up or error counts as readable.
+fn wait_fd(fd: RawFd, read: bool, write: bool, timeout_ms: i32) -> io::Result<(bool, bool)> {
+    let mut events = 0;
+    if read {
+        events |= libc::POLLIN;
+    }
+    if write {
+        events |= libc::POLLOUT;
+    }
+    let mut pfd = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: `pfd` is one valid pollfd that lives across the call; poll(2) writes only its
+    // `revents`.
+    let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok((false, false)) } else { Err(e) };
+    }
+    let r = pfd.revents;
+    Ok((r & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0, r & libc::POLLOUT != 0))
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &Listener) {
+    let fd = match listener {
+        Listener::Tcp(l) => l.as_raw_fd(),
+        Listener::Unix(l) => l.as_raw_fd(),
+    };
+    while !shared.stop.load(Ordering::SeqCst) {
+        match wait_fd(fd, true, false, STOP_CHECK_INTERVAL_MS) {
+            Ok((true, _)) => {}
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "nbd: poll on the listener failed");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        }
+        let accepted = match listener {
+            Listener::Tcp(l) => l.accept().map(|(s, peer)| {
+                let _ = s.set_nodelay(true);
+                (Stream::Tcp(s), peer.to_string())
+            }),
+            Listener::Unix(l) => l.accept().map(|(s, _)| (Stream::Unix(s), "unix".to_owned())),
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "nbd: accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let active = shared.stats.connections_active.fetch_add(1, Ordering::SeqCst);
+        if active >= shared.config.connections_max {
+            shared.stats.connections_active.fetch_sub(1, Ordering::SeqCst);
+            shared.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer, max = shared.config.connections_max, "nbd: too many connections; closing the new one");
+            continue;
+        }
+        shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+        let conn_shared = Arc::clone(shared);
+        let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
+            if let Err(e) = serve_connection(&conn_shared, stream, &peer) {
+                tracing::debug!(peer, error = %e, "nbd: connection ended with an error");
+            }
+            conn_shared.stats.connections_active.fetch_sub(1, Ordering::SeqCst);
+        });
+        if let Err(e) = spawned {
+            shared.stats.connections_active.fetch_sub(1, Ordering::SeqCst);
+            tracing::error!(error = %e, "nbd: cannot start a connection thread");
+        }
+    }
+}
+
+/// Why a connection ended early.
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("protocol violation: {0}")]
+    Proto(#[from] ProtoError),
+    #[error("{0}")]
+    Refused(String),
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Block(#[from] BlockError),
+}
+
+fn serve_connection(shared: &Arc<Shared>, mut stream: Stream, peer: &str) -> Result<(), ConnError> {
+    stream.set_timeouts(Some(HANDSHAKE_TIMEOUT))?;
+    let mut ctx = match shared.pool.context() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            tracing::warn!(peer, error = %e, "nbd: no pool context for a new connection; closing it");
+            return Err(ConnError::Block(BlockError::from_pool(e)));
+        }
+    };
+    let negotiated = match handshake(shared, &mut stream, &mut ctx) {
+        Ok(n) => n,
+        Err(e) => {
+            if matches!(e, ConnError::Proto(_) | ConnError::Refused(_)) {
+                shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            stream.shutdown();
+            return Err(e);
+        }
+    };
+    let Some((volume, limits)) = negotiated else {
+        stream.shutdown();
+        return Ok(());
+    };
+    tracing::debug!(peer, volume = volume.meta.name, "nbd: transmission");
+    stream.set_timeouts(None)?;
+    stream.set_nonblocking(true)?;
+    let queue = BlockQueue::new(ctx, shared.config.window);
+    let mut t = Transmission::new(shared, stream, queue, volume, limits);
+    let result = t.run();
+    if let Err(ConnError::Proto(_)) = &result {
+        shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    t.stream.shutdown();
+    result
+}
+
+fn transmission_flags(read_only: bool) -> u16 {
+    let mut flags = proto::FLAG_HAS_FLAGS
+        | proto::FLAG_SEND_FLUSH
+        | proto::FLAG_SEND_FUA
+        | proto::FLAG_SEND_TRIM
+        | proto::FLAG_SEND_WRITE_ZEROES
+        // Flushes are pool-wide barriers, so they cover writes of every connection.
+        | proto::FLAG_CAN_MULTI_CONN;
+    if read_only {
+        flags |= proto::FLAG_READ_ONLY;
+    }
+    flags
+}
+
+/// The names exported: the configured ones, or every volume of the pool.
+fn export_names(shared: &Shared, ctx: &mut Context) -> Result<Vec<String>, BlockError> {
+    match &shared.config.volumes {
+        Some(names) => Ok(names.clone()),
+        None => Ok(Volumes::new(ctx).list()?.into_iter().filter(|m| m.state == crate::volume::VolumeState::Active).map(|m| m.name).collect()),
+    }
+}
+
+/// The volume behind an export name ("" is the default export: the only one, if there is
+/// exactly one).
+fn resolve(shared: &Shared, ctx: &mut Context, name: &[u8]) -> Result<Arc<Volume>, BlockError> {
+    let name = std::str::from_utf8(name).map_err(|_| BlockError::VolumeNotFound(String::from_utf8_lossy(name).into_owned()))?;
+    let name = if name.is_empty() {
+        let names = export_names(shared, ctx)?;
+        match names.as_slice() {
+            [only] => only.clone(),
+            _ => return Err(BlockError::VolumeNotFound(format!("(default export: {} volumes are exported, name one)", names.len()))),
+        }
+    } else {
+        if shared.config.volumes.as_ref().is_some_and(|v| !v.iter().any(|n| n == name)) {
+            return Err(BlockError::VolumeNotFound(name.to_owned()));
+        }
+        name.to_owned()
+    };
+    let meta = Volumes::new(ctx).open(&name)?;
+    let locks = Arc::clone(shared.locks.lock().unwrap_or_else(|e| e.into_inner()).entry(meta.id).or_default());
+    Ok(Arc::new(Volume { meta, locks }))
+}
+
+fn description(meta: &VolumeMeta) -> String {
+    format!("kura volume {} (id {}, {} bytes)", meta.name, meta.id, meta.size_bytes)
+}
+
+fn read_exact_or_eof(stream: &mut Stream, buf: &mut [u8]) -> Result<bool, ConnError> {
+    match stream.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The fixed newstyle handshake. `Ok(None)`: the client aborted or left.
+fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<Option<(Arc<Volume>, ExportLimits)>, ConnError> {
+    stream.write_all(&proto::greeting())?;
+    let mut flags = [0u8; 4];
+    if !read_exact_or_eof(stream, &mut flags)? {
+        return Ok(None);
+    }
+    let (_fixed, no_zeroes) = proto::parse_client_flags(&flags)?;
+    let flags = transmission_flags(shared.config.read_only);
+    let max_block = shared.config.max_block_bytes;
+    let mut out = Vec::new();
+    let mut data = Vec::new();
+    for _ in 0..OPTIONS_MAX {
+        let mut header = [0u8; proto::OPTION_HEADER_BYTES];
+        if !read_exact_or_eof(stream, &mut header)? {
+            return Ok(None);
+        }
+        let (option, len) = proto::parse_option_header(&header)?;
+        if len > OPTION_DATA_BYTES_MAX {
+            return Err(ConnError::Refused(format!("option {option} with {len} bytes of data (at most {OPTION_DATA_BYTES_MAX})")));
+        }
+        data.resize(len as usize, 0);
+        if !read_exact_or_eof(stream, &mut data)? {
+            return Ok(None);
+        }
+        out.clear();
+        if shared.stop.load(Ordering::SeqCst) {
+            proto::option_reply(&mut out, option, proto::REP_ERR_SHUTDOWN, b"server shutting down");
+            stream.write_all(&out)?;
+            continue;
+        }
+        let parsed = match proto::parse_option(option, &data) {
+            Ok(parsed) => parsed,
+            Err(invalid) => {
+                proto::option_reply(&mut out, option, proto::REP_ERR_INVALID, invalid.0.as_bytes());
+                stream.write_all(&out)?;
+                continue;
+            }
+        };
+        match parsed {
+            ClientOption::ExportName(name) => {
+                // This option cannot be answered with an error: an unknown export ends the session.
+                let volume = resolve(shared, ctx, name).map_err(|e| ConnError::Refused(format!("NBD_OPT_EXPORT_NAME: {e}")))?;
+                proto::export_name_reply(&mut out, volume.meta.size_bytes, flags, no_zeroes);
+                stream.write_all(&out)?;
+                let limits = ExportLimits { size_bytes: volume.meta.size_bytes, min_block_bytes: 1, max_block_bytes: max_block, read_only: shared.config.read_only };
+                return Ok(Some((volume, limits)));
+            }
+            ClientOption::Abort => {
+                proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
+                let _ = stream.write_all(&out);
+                return Ok(None);
+            }
+            ClientOption::List => match export_names(shared, ctx) {
+                Ok(names) => {
+                    for name in names {
+                        proto::server_entry(&mut out, option, name.as_bytes(), &[]);
+                    }
+                    proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
+                }
+                Err(e) => proto::option_reply(&mut out, option, proto::REP_ERR_UNSUP, e.to_string().as_bytes()),
+            },
+            ClientOption::StartTls => proto::option_reply(&mut out, option, proto::REP_ERR_POLICY, b"this server has no TLS"),
+            ClientOption::Info(info) | ClientOption::Go(info) => match resolve(shared, ctx, info.name) {
+                Ok(volume) => {
+                    let meta = &volume.meta;
+                    proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_export(meta.size_bytes, flags));
+                    if info.wants(proto::INFO_NAME) {
+                        proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_string(proto::INFO_NAME, meta.name.as_bytes()));
+                    }
+                    if info.wants(proto::INFO_DESCRIPTION) {
+                        proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_string(proto::INFO_DESCRIPTION, description(meta).as_bytes()));
+                    }
+                    // A client that asks for block sizes promises to honour them; one that
+                    // does not gets byte granularity (read-modify-write does the rest).
+                    let min_block = if info.wants(proto::INFO_BLOCK_SIZE) { SECTOR_SIZE_BYTES as u32 } else { 1 };
+                    proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_block_size(min_block, BLOCK_SIZE_BYTES as u32, max_block));
+                    proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
+                    if matches!(parsed, ClientOption::Go(_)) {
+                        stream.write_all(&out)?;
+                        let limits = ExportLimits { size_bytes: meta.size_bytes, min_block_bytes: min_block, max_block_bytes: max_block, read_only: shared.config.read_only };
+                        return Ok(Some((volume, limits)));
+                    }
+                }
+                Err(e @ (BlockError::VolumeNotFound(_) | BlockError::VolumeDeleting(_) | BlockError::BadName { .. })) => {
+                    proto::option_reply(&mut out, option, proto::REP_ERR_UNKNOWN, e.to_string().as_bytes());
+                }
+                Err(e) => proto::option_reply(&mut out, option, proto::REP_ERR_SHUTDOWN, format!("cannot read the volume: {e}").as_bytes()),
+            },
+            ClientOption::Unsupported(_) => proto::option_reply(&mut out, option, proto::REP_ERR_UNSUP, &[]),
+        }
+        stream.write_all(&out)?;
+    }
+    Err(ConnError::Refused(format!("more than {OPTIONS_MAX} options")))
+}
+
+/// A reply waiting for the socket.
+struct OutReply {
+    header: [u8; proto::SIMPLE_REPLY_BYTES],
+    data: Option<Vec<u8>>,
+    /// Bytes of header + data already written.
+    written: usize,
+}
+
+impl OutReply {
+    fn len(&self) -> usize {
+        self.header.len() + self.data.as_ref().map_or(0, Vec::len)
+    }
+}
+
+/// The receive buffer: bytes `start..end` are read and not yet parsed.
+struct InBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl InBuf {
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        debug_assert!(self.start <= self.end);
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Makes room for `bytes` unparsed bytes in all (so a whole write fits).
+    fn reserve_total(&mut self, bytes: usize) {
+        if self.buf.len() - self.start >= bytes {
+            return;
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        if self.buf.len() < bytes {
+            self.buf.resize(bytes, 0);
+        }
+    }
+
+    /// Reads what the socket has into the free space.
+    fn fill(&mut self, stream: &mut Stream) -> io::Result<usize> {
+        if self.end == self.buf.len() {
+            if self.start == 0 {
+                return Ok(usize::MAX); // full: parse first
+            }
+            self.reserve_total(self.buf.len() - self.start + 1);
+        }
+        let n = stream.read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+/// One connection's transmission phase.
+struct Transmission<'a> {
+    shared: &'a Shared,
+    stream: Stream,
+    queue: BlockQueue<Vec<u8>>,
+    volume: Arc<Volume>,
+    limits: ExportLimits,
+    inbuf: InBuf,
+    /// Payload bytes of a refused write still to be skipped.
+    skip_bytes: u64,
+    out: VecDeque<OutReply>,
+    out_bytes: usize,
+    in_flight_bytes: u64,
+    /// Bytes per in-flight request, by handle order of arrival (to keep `in_flight_bytes`).
+    request_bytes: HashMap<u64, u64>,
+    spare: Vec<Vec<u8>>,
+    /// The client sent `NBD_CMD_DISC`, closed its side, or the server is stopping: no more
+    /// requests are read.
+    closing: bool,
+}
+
+impl<'a> Transmission<'a> {
+    fn new(shared: &'a Shared, stream: Stream, queue: BlockQueue<Vec<u8>>, volume: Arc<Volume>, limits: ExportLimits) -> Self {
+        Self {
+            shared,
+            stream,
+            queue,
+            volume,
+            limits,
+            inbuf: InBuf { buf: vec![0; INBUF_BYTES], start: 0, end: 0 },
+            skip_bytes: 0,
+            out: VecDeque::new(),
+            out_bytes: 0,
+            in_flight_bytes: 0,
+            request_bytes: HashMap::new(),
+            spare: Vec::new(),
+            closing: false,
+        }
+    }
+
+    fn backpressured(&self) -> bool {
+        self.queue.requests() >= REQUESTS_IN_FLIGHT_MAX || self.in_flight_bytes >= IN_FLIGHT_BYTES_MAX || self.out_bytes >= OUT_BYTES_MAX
+    }
+
+    fn run(&mut self) -> Result<(), ConnError> {
+        let mut readable = false;
+        loop {
+            if self.shared.stop.load(Ordering::Relaxed) {
+                self.closing = true;
+            }
+            let busy = self.queue.requests() > 0;
+            if !self.closing && !self.backpressured() && (readable || busy) {
+                self.read_requests()?;
+            }
+            readable = false;
+            self.write_replies()?;
+            if self.queue.requests() > 0 {
+                let queue = &mut self.queue;
+                let mut finished = Vec::new();
+                queue.poll(None, &mut |done| finished.push(done))?;
+                for done in finished {
+                    self.reply(done);
+                }
+                self.write_replies()?;
+                continue;
+            }
+            if self.closing && self.out.is_empty() {
+                return Ok(());
+            }
+            let want_read = !self.closing && !self.backpressured();
+            let (r, _) = wait_fd(self.stream.as_raw_fd(), want_read, !self.out.is_empty(), STOP_CHECK_INTERVAL_MS)?;
+            readable = r;
+        }
+    }
+
+    /// Reads what has arrived and starts every complete request.
+    fn read_requests(&mut self) -> Result<(), ConnError> {
+        loop {
+            match self.inbuf.fill(&mut self.stream) {
+                Ok(0) => {
+                    self.closing = true; // the client closed its side
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
+                    self.closing = true;
+                    self.out.clear();
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let wanted_more = self.parse_requests()?;
+            if self.closing || self.backpressured() || !wanted_more {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts every complete request in the buffer. Returns whether it needs more bytes.
+    fn parse_requests(&mut self) -> Result<bool, ConnError> {
+        loop {
+            if self.skip_bytes > 0 {
+                let n = (self.inbuf.data().len() as u64).min(self.skip_bytes);
+                self.inbuf.consume(n as usize);
+                self.skip_bytes -= n;
+                if self.skip_bytes > 0 {
+                    return Ok(true);
+                }
+            }
+            if self.closing || self.backpressured() {
+                return Ok(false);
+            }
+            let Some(request) = proto::parse_request(self.inbuf.data())? else {
+                self.inbuf.reserve_total(proto::REQUEST_HEADER_BYTES);
+                return Ok(true);
+            };
+            self.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+            let command = match proto::validate(&request, &self.limits) {
+                Ok(command) => command,
+                Err(error) => {
+                    self.inbuf.consume(proto::REQUEST_HEADER_BYTES);
+                    self.skip_bytes = request.payload_bytes();
+                    self.push_reply(error, request.handle, None);
+                    continue;
+                }
+            };
+            let handle = request.handle;
+            match command {
+                Command::Write { offset, len, fua } => {
+                    let total = proto::REQUEST_HEADER_BYTES + len as usize;
+                    if self.inbuf.data().len() < total {
+                        self.inbuf.reserve_total(total);
+                        return Ok(true);
+                    }
+                    let data = &self.inbuf.data()[proto::REQUEST_HEADER_BYTES..total];
+                    self.queue.submit_write(handle, &self.volume, offset, data, fua)?;
+                    self.track(handle, u64::from(len));
+                    self.inbuf.consume(total);
+                    continue;
+                }
+                Command::Read { offset, len } => {
+                    let buf = self.take_buffer(len as usize);
+                    self.queue.submit_read(handle, &self.volume, offset, u64::from(len), buf)?;
+                    self.track(handle, u64::from(len));
+                }
+                Command::Flush => self.queue.submit_flush(handle, &self.volume)?,
+                Command::Trim { offset, len, fua } => self.queue.submit_discard(handle, &self.volume, offset, u64::from(len), fua)?,
+                Command::WriteZeroes { offset, len, fua, no_hole } => self.queue.submit_write_zeroes(handle, &self.volume, offset, u64::from(len), fua, no_hole)?,
+                Command::Disconnect => self.closing = true,
+            }
+            self.inbuf.consume(proto::REQUEST_HEADER_BYTES);
+        }
+    }
+
+    fn track(&mut self, handle: u64, bytes: u64) {
+        self.in_flight_bytes += bytes;
+        *self.request_bytes.entry(handle).or_default() += bytes;
+    }
+
+    fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.spare.pop() {
+            // Every byte of a read is written before the buffer is sent (a block's value or
+            // zeros), so a reused buffer needs no clearing.
+            Some(mut buf) => {
+                buf.resize(len, 0);
+                buf
+            }
+            None => vec![0; len],
+        }
+    }
+
+    fn reply(&mut self, done: Done<Vec<u8>>) {
+        if let Some(bytes) = self.request_bytes.remove(&done.tag) {
+            self.in_flight_bytes -= bytes;
+        }
+        match done.result {
+            Ok(()) => self.push_reply(0, done.tag, done.buf),
+            Err(e) => {
+                tracing::debug!(handle = done.tag, error = %e, "nbd: request failed");
+                if let Some(buf) = done.buf {
+                    self.recycle(buf);
+                }
+                self.push_reply(nbd_error(&e), done.tag, None);
+            }
+        }
+    }
+
+    fn push_reply(&mut self, error: u32, handle: u64, data: Option<Vec<u8>>) {
+        if error != 0 {
+            self.shared.stats.error_replies.fetch_add(1, Ordering::Relaxed);
+        }
+        let reply = OutReply { header: proto::simple_reply(error, handle), data, written: 0 };
+        self.out_bytes += reply.len();
+        self.out.push_back(reply);
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS_MAX && buf.capacity() <= self.limits.max_block_bytes as usize {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Writes finished replies, many per `writev`, until the socket is full.
+    fn write_replies(&mut self) -> Result<(), ConnError> {
+        while !self.out.is_empty() {
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * REPLIES_PER_WRITE_MAX.min(self.out.len()));
+            for reply in self.out.iter().take(REPLIES_PER_WRITE_MAX) {
+                let header_len = reply.header.len();
+                if reply.written < header_len {
+                    slices.push(IoSlice::new(&reply.header[reply.written..]));
+                }
+                if let Some(data) = &reply.data {
+                    let from = reply.written.saturating_sub(header_len);
+                    slices.push(IoSlice::new(&data[from..]));
+                }
+            }
+            let written = match self.stream.write_vectored(&slices) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
+                    // The client is gone: nothing more can be sent.
+                    self.closing = true;
+                    self.out.clear();
+                    self.out_bytes = 0;
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            drop(slices);
+            self.advance(written);
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, mut written: usize) {
+        self.out_bytes -= written;
+        while written > 0 {
+            let front = self.out.front_mut().expect("written bytes belong to queued replies");
+            let left = front.len() - front.written;
+            if written < left {
+                front.written += written;
+                return;
+            }
+            written -= left;
+            let done = self.out.pop_front().expect("front exists");
+            if let Some(buf) = done.data {
+                self.recycle(buf);
+            }
+        }
+    }
+}
+
+/// The NBD error value for a failed request (the protocol allows only a few).
+fn nbd_error(e: &BlockError) -> u32 {
+    match e.errno() {
+        libc::EPERM => proto::EPERM,
+        libc::EINVAL => proto::EINVAL,
+        libc::ENOSPC => proto::ENOSPC,
+        libc::ENOMEM => proto::ENOMEM,
+        libc::EOVERFLOW => proto::EOVERFLOW,
+        libc::ESHUTDOWN => proto::ESHUTDOWN,
+        _ => proto::EIO,
+    }
+}

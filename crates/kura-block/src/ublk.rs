@@ -1,0 +1,252 @@
+//! The ublk frontend: a volume as `/dev/ublkbN` through the kernel's ublk driver (Linux ≥ 6.0,
+//! `/dev/ublk-control`), with `libublk`.
+//!
+//! This is paper 000's design as it exists upstream today: the kernel's multi-queue block
+//! layer hands requests to user space through one io_uring per hardware queue; each queue has
+//! its own thread (pinned near the CPUs the kernel maps to it), and each thread its own pool
+//! context and [`BlockQueue`] — nothing is shared between queues on the request path but the
+//! per-volume block locks. A queue thread takes every request the ring has delivered, turns
+//! them into pool requests submitted together, and commits the finished ones (their
+//! commit-and-fetch commands leave together at the next ring submission). While pool requests
+//! are in flight it waits on the pool and looks at the ring again after each batch of
+//! completions; when none are, it sleeps in the ring.
+//!
+//! The device has a volatile write cache and FUA (`FLUSH` → the pool's barrier, `FUA` → the
+//! write is durable before it completes), discard and write-zeroes (blocks deleted).
+
+use std::sync::Arc;
+
+use libublk::ctrl::UblkCtrl;
+use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
+use libublk::{BufDesc, BufDescList, UblkError, UblkFlags, UblkIORes, UblkUringData, sys};
+use kura_pool::Pool;
+
+use crate::error::{BlockError, Result};
+use crate::layout::{BLOCK_SIZE_BYTES, SECTOR_SHIFT};
+use crate::queue::{BlockQueue, ReadBuf, Volume};
+
+pub const QUEUE_DEPTH_DEFAULT: u16 = 128;
+pub const QUEUE_DEPTH_MAX: u16 = 4096;
+pub const QUEUES_MAX: u16 = 64;
+/// Largest request, and the size of each tag's buffer.
+pub const IO_BUF_BYTES_DEFAULT: u32 = 512 << 10;
+pub const IO_BUF_BYTES_MAX: u32 = 4 << 20;
+/// Largest discard / write-zeroes request the kernel sends (in sectors).
+const DISCARD_SECTORS_MAX: u32 = (1 << 30) >> SECTOR_SHIFT;
+
+/// How to set up the device.
+#[derive(Debug, Clone)]
+pub struct UblkConfig {
+    /// Hardware queues, each served by its own thread; default: one per CPU.
+    pub queues: u16,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    /// Pool operations each queue keeps in flight, at most.
+    pub window: usize,
+    /// Device id to ask for (`/dev/ublkbN`); `-1`: the driver picks.
+    pub id: i32,
+}
+
+impl Default for UblkConfig {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u16;
+        Self { queues: cpus.clamp(1, QUEUES_MAX), depth: QUEUE_DEPTH_DEFAULT, io_buf_bytes: IO_BUF_BYTES_DEFAULT, window: crate::queue::WINDOW_MAX, id: -1 }
+    }
+}
+
+fn ublk_error(what: &str, e: UblkError) -> BlockError {
+    BlockError::Io(std::io::Error::other(format!("ublk: {what}: {e}")))
+}
+
+/// Whether this machine's kernel can host ublk devices.
+pub fn available() -> bool {
+    std::path::Path::new("/dev/ublk-control").exists()
+}
+
+/// An added ublk device; [`UblkDevice::run`] serves it until [`UblkStopper::stop`].
+pub struct UblkDevice {
+    ctrl: Arc<UblkCtrl>,
+    config: UblkConfig,
+}
+
+/// Stops a running device from another thread (a signal handler's thread).
+#[derive(Clone)]
+pub struct UblkStopper {
+    ctrl: Arc<UblkCtrl>,
+}
+
+impl UblkStopper {
+    pub fn stop(&self) {
+        if let Err(e) = self.ctrl.kill_dev() {
+            tracing::warn!(error = %e, "ublk: stopping the device failed");
+        }
+    }
+}
+
+impl UblkDevice {
+    /// Adds a device (not yet started: no `/dev/ublkbN` until [`UblkDevice::run`]).
+    pub fn add(config: UblkConfig) -> Result<Self> {
+        if !(1..=QUEUES_MAX).contains(&config.queues) || !(1..=QUEUE_DEPTH_MAX).contains(&config.depth) {
+            return Err(BlockError::Invalid(format!("queues must be 1..={QUEUES_MAX} and depth 1..={QUEUE_DEPTH_MAX}")));
+        }
+        if !(BLOCK_SIZE_BYTES as u32..=IO_BUF_BYTES_MAX).contains(&config.io_buf_bytes) || !config.io_buf_bytes.is_multiple_of(BLOCK_SIZE_BYTES as u32) {
+            return Err(BlockError::Invalid(format!("the I/O buffer must be a multiple of 4096 bytes up to {IO_BUF_BYTES_MAX}")));
+        }
+        let ctrl = libublk::ctrl::UblkCtrlBuilder::default()
+            .name("kura")
+            .id(config.id)
+            .nr_queues(config.queues)
+            .depth(config.depth)
+            .io_buf_bytes(config.io_buf_bytes)
+            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .build()
+            .map_err(|e| ublk_error("adding the device", e))?;
+        Ok(Self { ctrl: Arc::new(ctrl), config })
+    }
+
+    pub fn stopper(&self) -> UblkStopper {
+        UblkStopper { ctrl: Arc::clone(&self.ctrl) }
+    }
+
+    /// The block device's path (`/dev/ublkbN`).
+    pub fn bdev_path(&self) -> String {
+        self.ctrl.get_bdev_path()
+    }
+
+    /// Starts the device on `volume` and serves it until it is stopped; `on_started` is
+    /// called with the block device's path once it exists. Deletes the device at the end.
+    pub fn run(self, pool: Pool, volume: Arc<Volume>, on_started: impl FnOnce(&str) + Send + Sync + 'static) -> Result<()> {
+        let size_bytes = volume.meta.size_bytes;
+        let window = self.config.window;
+        let init = move |dev: &mut UblkDev| {
+            dev.set_default_params(size_bytes);
+            let params = &mut dev.tgt.params;
+            params.types |= sys::UBLK_PARAM_TYPE_DISCARD;
+            params.basic.attrs = sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA;
+            params.basic.physical_bs_shift = BLOCK_SIZE_BYTES.trailing_zeros() as u8;
+            params.basic.io_min_shift = BLOCK_SIZE_BYTES.trailing_zeros() as u8;
+            params.basic.io_opt_shift = BLOCK_SIZE_BYTES.trailing_zeros() as u8;
+            params.discard = sys::ublk_param_discard {
+                discard_alignment: 0,
+                discard_granularity: BLOCK_SIZE_BYTES as u32,
+                max_discard_sectors: DISCARD_SECTORS_MAX,
+                max_write_zeroes_sectors: DISCARD_SECTORS_MAX,
+                max_discard_segments: 1,
+                reserved0: 0,
+            };
+            Ok(())
+        };
+        let queue_fn = move |qid: u16, dev: &UblkDev| {
+            if let Err(e) = serve_queue(qid, dev, &pool, &volume, window) {
+                tracing::error!(qid, error = %e, "ublk: queue stopped with an error");
+            }
+        };
+        let started = move |ctrl: &UblkCtrl| on_started(&ctrl.get_bdev_path());
+        let result = self.ctrl.run_target(init, queue_fn, started).map_err(|e| ublk_error("serving", e));
+        if let Err(e) = self.ctrl.del_dev() {
+            tracing::debug!(error = %e, "ublk: deleting the device");
+        }
+        result.map(|_| ())
+    }
+}
+
+/// A tag's I/O buffer, as the read target of a request.
+struct TagBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl ReadBuf for TagBuf {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr..ptr+len` lies inside the tag's `IoBuf`, which outlives the queue's
+        // `BlockQueue` (declared after it in `serve_queue`, so dropped first). While the
+        // request is in flight the tag belongs to us: the kernel neither reads nor writes
+        // the buffer until we commit the tag, and no other request uses it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// One queue's thread: see the module documentation.
+fn serve_queue(qid: u16, dev: &UblkDev, pool: &Pool, volume: &Arc<Volume>, window: usize) -> Result<()> {
+    let bufs = dev.alloc_queue_io_bufs();
+    let mut engine: BlockQueue<TagBuf> = BlockQueue::new(pool.context().map_err(BlockError::from_pool)?, window);
+    let queue = UblkQueue::new(qid, dev)
+        .map_err(|e| ublk_error("queue", e))?
+        .submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs)))
+        .map_err(|e| ublk_error("fetching commands", e))?;
+    let mut incoming: Vec<u16> = Vec::with_capacity(usize::from(dev.dev_info.queue_depth));
+    let mut finished: Vec<(u16, i32)> = Vec::new();
+    loop {
+        // Sleep in the ring only when nothing is in flight in the pool.
+        let to_wait = usize::from(engine.is_idle());
+        let reaped = queue.flush_and_wake_io_tasks(
+            |user_data, cqe, _last| {
+                let is_command = user_data & UblkUringData::Target as u64 == 0;
+                if is_command && cqe.result() == sys::UBLK_IO_RES_OK as i32 {
+                    incoming.push(UblkIOCtx::user_data_to_tag(user_data) as u16);
+                }
+            },
+            to_wait,
+        );
+        match reaped {
+            Ok(_) => {}
+            Err(UblkError::QueueIsDown) => return Ok(()),
+            Err(e) => return Err(ublk_error("waiting for requests", e)),
+        }
+        for tag in incoming.drain(..) {
+            start(&queue, &bufs[usize::from(tag)], &mut engine, volume, tag, &mut finished);
+        }
+        if !engine.is_idle() {
+            engine.poll(None, &mut |done| {
+                let tag = done.tag as u16;
+                let result = match done.result {
+                    Ok(()) => committed_bytes(&queue, tag),
+                    Err(e) => {
+                        tracing::debug!(tag, error = %e, "ublk: request failed");
+                        -e.errno()
+                    }
+                };
+                finished.push((tag, result));
+            })?;
+        }
+        for (tag, result) in finished.drain(..) {
+            queue
+                .complete_io_cmd_unified(tag, BufDesc::Slice(bufs[usize::from(tag)].as_slice()), Ok(UblkIORes::Result(result)))
+                .map_err(|e| ublk_error("completing a request", e))?;
+        }
+    }
+}
+
+/// What a successful request reports: its bytes for reads and writes, 0 otherwise.
+fn committed_bytes(queue: &UblkQueue<'_>, tag: u16) -> i32 {
+    let iod = queue.get_iod(tag);
+    match iod.op_flags & 0xff {
+        sys::UBLK_IO_OP_READ | sys::UBLK_IO_OP_WRITE => (iod.nr_sectors << SECTOR_SHIFT) as i32,
+        _ => 0,
+    }
+}
+
+/// Turns one ublk request into pool requests; a request that cannot start is finished at
+/// once with its error.
+fn start(queue: &UblkQueue<'_>, buf: &libublk::helpers::IoBuf<u8>, engine: &mut BlockQueue<TagBuf>, volume: &Arc<Volume>, tag: u16, finished: &mut Vec<(u16, i32)>) {
+    let iod = queue.get_iod(tag);
+    let op = iod.op_flags & 0xff;
+    let fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
+    let offset = iod.start_sector << SECTOR_SHIFT;
+    let len = u64::from(iod.nr_sectors) << SECTOR_SHIFT;
+    let t = u64::from(tag);
+    let submitted = match op {
+        sys::UBLK_IO_OP_READ if len as usize <= buf.len() => engine.submit_read(t, volume, offset, len, TagBuf { ptr: buf.as_mut_ptr(), len: len as usize }),
+        sys::UBLK_IO_OP_WRITE if len as usize <= buf.len() => engine.submit_write(t, volume, offset, &buf.as_slice()[..len as usize], fua),
+        sys::UBLK_IO_OP_FLUSH => engine.submit_flush(t, volume),
+        sys::UBLK_IO_OP_DISCARD => engine.submit_discard(t, volume, offset, len, fua),
+        sys::UBLK_IO_OP_WRITE_ZEROES => engine.submit_write_zeroes(t, volume, offset, len, fua, iod.op_flags & sys::UBLK_IO_F_NOUNMAP != 0),
+        _ => {
+            finished.push((tag, -libc::EOPNOTSUPP));
+            return;
+        }
+    };
+    if let Err(e) = submitted {
+        finished.push((tag, -e.errno()));
+    }
+}

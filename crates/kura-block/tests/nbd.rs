@@ -1,0 +1,463 @@
+//! The NBD server through real clients: fio's nbd engine, qemu-img, qemu-io, nbdinfo, and a
+//! raw protocol client for hostile input. Every server is `kura block nbd` (a real process) on
+//! a real pool backend: the embedded engine, `kura serve`, memcached, redis-server.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{Backend, NbdProcess, kura, pattern, run};
+use kura_block::nbd::proto;
+use kura_testkit::{require_cmd, try_or_skip};
+
+fn fio(args: &[&str]) -> Result<String, String> {
+    run("fio", args)
+}
+
+/// fio's nbd engine: random 4 KiB writes verified with crc32c, random 512 B – 128 KiB writes
+/// (read-modify-write of partial blocks) verified too, then a separate read-only pass over a
+/// new connection that verifies the first region again, on every backend.
+#[test]
+fn fio_verify_on_every_backend() {
+    try_or_skip!(require_cmd("fio"));
+    for backend in Backend::all() {
+        backend.create_volume("disk", "64M");
+        let nbd = NbdProcess::start(&backend.url(), &[]);
+        let uri = nbd.uri("disk");
+        let uri_arg = format!("--uri={uri}");
+        let common = ["--ioengine=nbd", &uri_arg, "--verify=crc32c", "--verify_fatal=1", "--randrepeat=1", "--output-format=terse"];
+        let mut job = vec!["--name=aligned", "--rw=randwrite", "--bs=4k", "--size=32M", "--iodepth=32", "--do_verify=1"];
+        job.extend(common);
+        fio(&job).unwrap_or_else(|e| panic!("{}: {e}", backend.name()));
+        let mut job = vec!["--name=unaligned", "--rw=randwrite", "--bsrange=512-128k", "--offset=32M", "--size=32M", "--iodepth=16", "--do_verify=1"];
+        job.extend(common);
+        fio(&job).unwrap_or_else(|e| panic!("{} (512 B - 128 KiB writes): {e}", backend.name()));
+        let mut job = vec!["--name=aligned", "--rw=randwrite", "--bs=4k", "--size=32M", "--iodepth=32", "--verify_only"];
+        job.extend(common);
+        let out = fio(&job).unwrap_or_else(|e| panic!("{} (verify pass): {e}", backend.name()));
+        assert!(!out.contains("verify: bad"), "{}: {out}", backend.name());
+        eprintln!("fio verify on {}: ok", backend.name());
+    }
+}
+
+/// `qemu-img convert` a disk image onto an export and back: identical. `nbdinfo` shows the
+/// size and block sizes.
+#[test]
+fn qemu_img_round_trip_and_nbdinfo() {
+    try_or_skip!(require_cmd("qemu-img"));
+    try_or_skip!(require_cmd("nbdinfo"));
+    let backend = Backend::embedded();
+    backend.create_volume("image", "24M");
+    let nbd = NbdProcess::start(&backend.url(), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    // An image with data, a zero region, and unaligned-looking content boundaries.
+    let mut image = pattern(1, 24 << 20);
+    image[(4 << 20)..(9 << 20) + 512].fill(0);
+    let src = dir.path().join("src.img");
+    std::fs::write(&src, &image).unwrap();
+    let uri = nbd.uri("image");
+    run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &uri]).unwrap();
+    let back = dir.path().join("back.img");
+    run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &uri, back.to_str().unwrap()]).unwrap();
+    let out = run("qemu-img", &["compare", "-f", "raw", "-F", "raw", src.to_str().unwrap(), back.to_str().unwrap()]).unwrap();
+    assert!(out.contains("Images are identical"), "{out}");
+    assert_eq!(std::fs::read(&back).unwrap(), image);
+
+    let info = run("nbdinfo", &["--json", &uri]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&info).unwrap_or_else(|e| panic!("{e}: {info}"));
+    let export = &json["exports"][0];
+    assert_eq!(export["export-size"], 24 << 20, "{info}");
+    assert_eq!(export["block_size_minimum"], 512, "{info}");
+    assert_eq!(export["block_size_preferred"], 4096, "{info}");
+    assert_eq!(export["block_size_maximum"], 32 << 20, "{info}");
+    assert_eq!(export["can_multi_conn"], true, "{info}");
+    assert_eq!(export["can_flush"], true, "{info}");
+    assert_eq!(export["can_fua"], true, "{info}");
+    assert_eq!(export["can_trim"], true, "{info}");
+    assert_eq!(export["can_zero"], true, "{info}");
+    let list = run("nbdinfo", &["--list", "--json", &format!("nbd://{}", nbd.addr)]).unwrap();
+    assert!(list.contains("\"export-name\": \"image\""), "{list}");
+}
+
+/// Writes, a FLUSH (and FUA writes), then `kill -9` of every kura process and a restart:
+/// everything flushed reads back. On the embedded engine and on a kura server.
+#[test]
+fn flushed_writes_survive_kill_9() {
+    try_or_skip!(require_cmd("qemu-io"));
+    for mut backend in [Backend::embedded(), Backend::kura()] {
+        backend.create_volume("d", "16M");
+        let mut nbd = NbdProcess::start(&backend.url(), &[]);
+        let uri = nbd.uri("d");
+        // Flushed writes: patterns at aligned and unaligned places, then a flush.
+        run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0xa1 0 1M", "-c", "write -P 0xa2 3M 4096", "-c", "write -P 0xa3 5120 1536", "-c", "flush"]).unwrap();
+        // FUA writes need no flush.
+        run("qemu-io", &["-f", "raw", &uri, "-c", "write -f -P 0xb1 8M 64k", "-c", "write -f -P 0xb2 9M 512"]).unwrap();
+        nbd.kill();
+        if let Backend::Kura(server) = &mut backend {
+            server.kill();
+            server.restart();
+        }
+        nbd.restart();
+        let uri = nbd.uri("d");
+        let out = run(
+            "qemu-io",
+            &[
+                "-f", "raw", &uri, "-c", "read -P 0xa1 0 5120", "-c", "read -P 0xa3 5120 1536", "-c", "read -P 0xa1 6656 1041920", "-c", "read -P 0xa2 3M 4096", "-c", "read -P 0xb1 8M 64k",
+                "-c", "read -P 0xb2 9M 512", "-c", "read -P 0 1M 2M",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", backend.name()));
+        assert!(!out.contains("Pattern verification failed"), "{}: {out}", backend.name());
+        eprintln!("kill -9 on {}: flushed data intact", backend.name());
+    }
+}
+
+/// TRIM and WRITE_ZEROES delete whole blocks from the pool (space comes back) and zero the
+/// partial ones; what is left reads correctly.
+#[test]
+fn trim_and_write_zeroes_delete_blocks() {
+    try_or_skip!(require_cmd("qemu-io"));
+    let backend = Backend::embedded();
+    backend.create_volume("z", "4M");
+    let mut nbd = NbdProcess::start(&backend.url(), &[]);
+    let uri = nbd.uri("z");
+    run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x55 0 4M", "-c", "discard 1M 1M", "-c", "write -z -u 2M 1M", "-c", "write -z -u 3M 1024", "-c", "flush"]).unwrap();
+    let out = run("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x55 0 1M", "-c", "read -P 0 2M 1M", "-c", "read -P 0 3M 1024", "-c", "read -P 0x55 3146752 1047552"]).unwrap();
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    nbd.stop();
+    // The pool itself: trimmed and zeroed blocks are gone, the others are there.
+    let Backend::Embedded { dir } = &backend else { unreachable!() };
+    let handle = kura_block::open_pool(kura_pool::PoolConfig::from_urls(&[format!("embedded:{}", dir.path().join("pool.kura").display())]).unwrap()).unwrap();
+    let mut ctx = handle.pool.context().unwrap();
+    let meta = kura_block::Volumes::new(&mut ctx).open("z").unwrap();
+    let present = |ctx: &mut kura_pool::Context, lba: u64| ctx.get(&kura_pool::block_key(meta.id, lba)).unwrap().is_some();
+    assert!(present(&mut ctx, 0) && present(&mut ctx, 255), "written blocks are in the pool");
+    for lba in [256, 300, 511, 512, 767] {
+        assert!(!present(&mut ctx, lba), "block {lba} was trimmed or zeroed, so deleted");
+    }
+    assert!(present(&mut ctx, 768), "block 768 was zeroed only partly (read-modify-write)");
+}
+
+/// create, list, resize (shrink deletes, grow reads zeros), delete — through the CLI.
+#[test]
+fn volume_lifecycle() {
+    try_or_skip!(require_cmd("qemu-io"));
+    let backend = Backend::kura();
+    let url = backend.url();
+    backend.create_volume("a", "8M");
+    backend.create_volume("b", "1G");
+    let err = std::process::Command::new(common::kura_bin()).args(["volume", "create", "a", "--size", "4M", "--pool", &url]).output().unwrap();
+    assert!(!err.status.success() && String::from_utf8_lossy(&err.stderr).contains("already exists"));
+    let list = kura(&["volume", "list", "--json", "--pool", &url]);
+    let json: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(json[0]["name"], "a");
+    assert_eq!(json[0]["size_bytes"], 8 << 20);
+    assert_eq!(json[0]["block_size_bytes"], 4096);
+    assert!(json[0]["created_unix_s"].as_u64().unwrap() > 1_600_000_000);
+    {
+        let nbd = NbdProcess::start(&url, &[]);
+        run("qemu-io", &["-f", "raw", &nbd.uri("a"), "-c", "write -P 0x77 0 8M", "-c", "flush"]).unwrap();
+    }
+    kura(&["volume", "resize", "a", "--size", "4M", "--pool", &url]);
+    kura(&["volume", "resize", "a", "--size", "12M", "--pool", &url]);
+    {
+        let nbd = NbdProcess::start(&url, &[]);
+        let out = run("qemu-io", &["-f", "raw", &nbd.uri("a"), "-c", "read -P 0x77 0 4M", "-c", "read -P 0 4M 8M"]).unwrap();
+        assert!(!out.contains("Pattern verification failed"), "{out}");
+    }
+    kura(&["volume", "delete", "a", "--pool", &url]);
+    let list = kura(&["volume", "list", "--json", "--pool", &url]);
+    assert!(!list.contains("\"a\""), "{list}");
+    // The same name again is a new, empty volume (a new id: no old block shows through).
+    backend.create_volume("a", "8M");
+    let nbd = NbdProcess::start(&url, &[]);
+    let out = run("qemu-io", &["-f", "raw", &nbd.uri("a"), "-c", "read -P 0 0 8M"]).unwrap();
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+/// A minimal NBD client that sends exactly the bytes a test wants.
+struct RawClient {
+    s: TcpStream,
+}
+
+const HANDLE_PROBE: u64 = 0xfeed;
+
+impl RawClient {
+    fn connect(addr: &str) -> Self {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut greeting = [0u8; 18];
+        s.read_exact(&mut greeting).unwrap();
+        assert_eq!(greeting, proto::greeting());
+        s.write_all(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
+        Self { s }
+    }
+
+    fn send_option(&mut self, option: u32, data: &[u8]) {
+        let mut b = Vec::new();
+        b.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// Replies to one option, up to the final one (an ACK or an error).
+    fn option_replies(&mut self, option: u32) -> Vec<(u32, Vec<u8>)> {
+        let mut replies = Vec::new();
+        loop {
+            let mut h = [0u8; 20];
+            self.s.read_exact(&mut h).unwrap();
+            assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), proto::OPTION_REPLY_MAGIC);
+            assert_eq!(u32::from_be_bytes(h[8..12].try_into().unwrap()), option);
+            let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+            let mut data = vec![0u8; u32::from_be_bytes(h[16..].try_into().unwrap()) as usize];
+            self.s.read_exact(&mut data).unwrap();
+            replies.push((kind, data));
+            if kind != proto::REP_SERVER && kind != proto::REP_INFO {
+                return replies;
+            }
+        }
+    }
+
+    fn go_data(name: &str, items: &[u16]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(items.len() as u16).to_be_bytes());
+        for i in items {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        d
+    }
+
+    /// NBD_OPT_GO with block sizes requested; returns the export size.
+    fn go(&mut self, name: &str) -> u64 {
+        self.send_option(proto::OPT_GO, &Self::go_data(name, &[proto::INFO_BLOCK_SIZE]));
+        let replies = self.option_replies(proto::OPT_GO);
+        assert_eq!(replies.last().unwrap().0, proto::REP_ACK, "{replies:?}");
+        let export = replies.iter().find(|(k, d)| *k == proto::REP_INFO && d[..2] == [0, 0]).expect("NBD_INFO_EXPORT");
+        u64::from_be_bytes(export.1[2..10].try_into().unwrap())
+    }
+
+    fn request(&mut self, kind: u16, flags: u16, handle: u64, offset: u64, len: u32, payload: &[u8]) {
+        let mut b = proto::encode_request(&proto::Request { flags, kind, handle, offset, len }).to_vec();
+        b.extend_from_slice(payload);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// One simple reply: (error, handle); `data_len` bytes of data follow a successful read.
+    fn reply(&mut self, data_len: usize) -> (u32, u64, Vec<u8>) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), proto::SIMPLE_REPLY_MAGIC);
+        let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let handle = u64::from_be_bytes(h[8..].try_into().unwrap());
+        let mut data = vec![0u8; if error == 0 { data_len } else { 0 }];
+        self.s.read_exact(&mut data).unwrap();
+        (error, handle, data)
+    }
+
+    /// Sends a request and expects `error` in its reply, then checks the connection still
+    /// serves a read.
+    fn expect_error(&mut self, kind: u16, flags: u16, offset: u64, len: u32, payload: &[u8], error: u32, what: &str) {
+        self.request(kind, flags, 1, offset, len, payload);
+        let (e, handle, _) = self.reply(0);
+        assert_eq!((e, handle), (error, 1), "{what}");
+        self.request(proto::CMD_READ, 0, HANDLE_PROBE, 0, 4096, &[]);
+        let (e, handle, data) = self.reply(4096);
+        assert_eq!((e, handle, data.len()), (0, HANDLE_PROBE, 4096), "a read after: {what}");
+    }
+
+    /// Whether the server closed the connection (reads EOF or a reset).
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// Requests past the end, unaligned, oversized, unknown commands, flags and options, broken
+/// magic, clients that vanish mid-request: the errors the protocol specifies or a clean close,
+/// and the server keeps serving everyone else.
+#[test]
+fn bad_input_gets_protocol_errors_and_others_keep_being_served() {
+    let backend = Backend::embedded();
+    backend.create_volume("v", "1M");
+    backend.create_volume("w", "1M");
+    let nbd = NbdProcess::start(&backend.url(), &[]);
+    let addr = nbd.addr.clone();
+    // A bystander connection that must keep working throughout.
+    let mut bystander = RawClient::connect(&addr);
+    assert_eq!(bystander.go("w"), 1 << 20);
+    let mut check_bystander = || {
+        bystander.request(proto::CMD_WRITE, 0, 9, 4096, 512, &[7u8; 512]);
+        assert_eq!(bystander.reply(0).0, 0);
+        bystander.request(proto::CMD_READ, 0, 10, 4096, 512, &[]);
+        assert_eq!(bystander.reply(512).2, vec![7u8; 512]);
+    };
+
+    // Options.
+    let mut c = RawClient::connect(&addr);
+    c.send_option(0x4242, b"whatever");
+    assert_eq!(c.option_replies(0x4242)[0].0, proto::REP_ERR_UNSUP, "unknown option");
+    c.send_option(proto::OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(c.option_replies(proto::OPT_STRUCTURED_REPLY)[0].0, proto::REP_ERR_UNSUP);
+    c.send_option(proto::OPT_STARTTLS, &[]);
+    assert_eq!(c.option_replies(proto::OPT_STARTTLS)[0].0, proto::REP_ERR_POLICY);
+    c.send_option(proto::OPT_GO, &[0, 0, 0, 9, b'v']);
+    assert_eq!(c.option_replies(proto::OPT_GO)[0].0, proto::REP_ERR_INVALID, "malformed GO");
+    c.send_option(proto::OPT_LIST, b"x");
+    assert_eq!(c.option_replies(proto::OPT_LIST)[0].0, proto::REP_ERR_INVALID, "LIST with data");
+    c.send_option(proto::OPT_GO, &RawClient::go_data("nope", &[]));
+    assert_eq!(c.option_replies(proto::OPT_GO)[0].0, proto::REP_ERR_UNKNOWN, "unknown export");
+    c.send_option(proto::OPT_INFO, &RawClient::go_data("v", &[proto::INFO_NAME, proto::INFO_DESCRIPTION]));
+    let info = c.option_replies(proto::OPT_INFO);
+    assert_eq!(info.last().unwrap().0, proto::REP_ACK);
+    assert!(info.iter().any(|(k, d)| *k == proto::REP_INFO && d[..2] == proto::INFO_NAME.to_be_bytes() && &d[2..] == b"v"), "{info:?}");
+    c.send_option(proto::OPT_LIST, &[]);
+    let list = c.option_replies(proto::OPT_LIST);
+    assert_eq!(list.iter().filter(|(k, _)| *k == proto::REP_SERVER).count(), 2, "{list:?}");
+    c.send_option(proto::OPT_ABORT, &[]);
+    assert_eq!(c.option_replies(proto::OPT_ABORT)[0].0, proto::REP_ACK);
+    assert!(c.closed(), "the server closes after ABORT");
+    check_bystander();
+
+    // EXPORT_NAME of an unknown export cannot be answered with an error: the server hangs up.
+    let mut c = RawClient::connect(&addr);
+    c.send_option(proto::OPT_EXPORT_NAME, b"nope");
+    assert!(c.closed());
+    // An oversized option: hang up.
+    let mut c = RawClient::connect(&addr);
+    let mut b = Vec::new();
+    b.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&proto::OPT_GO.to_be_bytes());
+    b.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    c.s.write_all(&b).unwrap();
+    assert!(c.closed());
+    check_bystander();
+
+    // Transmission: each bad request gets its error, and the connection goes on.
+    let mut c = RawClient::connect(&addr);
+    assert_eq!(c.go("v"), 1 << 20);
+    c.expect_error(proto::CMD_READ, 0, 1 << 20, 4096, &[], proto::EINVAL, "read past the end");
+    c.expect_error(proto::CMD_READ, 0, (1 << 20) - 512, 1024, &[], proto::EINVAL, "read across the end");
+    c.expect_error(proto::CMD_WRITE, 0, 1 << 20, 4096, &[1u8; 4096], proto::ENOSPC, "write past the end");
+    c.expect_error(proto::CMD_TRIM, 0, 1 << 20, 4096, &[], proto::ENOSPC, "trim past the end");
+    c.expect_error(proto::CMD_READ, 0, 100, 512, &[], proto::EINVAL, "unaligned offset");
+    c.expect_error(proto::CMD_WRITE, 0, 0, 100, &[1u8; 100], proto::EINVAL, "unaligned write (payload skipped)");
+    c.expect_error(proto::CMD_READ, 0, 0, 64 << 20, &[], proto::EOVERFLOW, "oversized read");
+    c.expect_error(proto::CMD_WRITE, 0, 0, 33 << 20, &vec![3u8; 33 << 20], proto::EINVAL, "oversized write (payload skipped)");
+    c.expect_error(proto::CMD_READ, 0, 0, 0, &[], proto::EINVAL, "empty read");
+    c.expect_error(42, 0, 0, 512, &[], proto::EINVAL, "unknown command");
+    c.expect_error(5, 0, 0, 512, &[], proto::EINVAL, "NBD_CMD_CACHE, not advertised");
+    c.expect_error(proto::CMD_READ, 1 << 7, 0, 512, &[], proto::EINVAL, "unknown flag");
+    c.expect_error(proto::CMD_READ, proto::CMD_FLAG_NO_HOLE, 0, 512, &[], proto::EINVAL, "flag for another command");
+    c.expect_error(proto::CMD_FLUSH, 0, 0, 512, &[], proto::EINVAL, "flush with a length");
+    // Good requests still work: many in flight, replies matched by handle.
+    for i in 0..64u64 {
+        c.request(proto::CMD_WRITE, if i % 8 == 0 { proto::CMD_FLAG_FUA } else { 0 }, 100 + i, i * 4096, 4096, &pattern(i, 4096));
+    }
+    let mut seen: Vec<u64> = (0..64).map(|_| c.reply(0)).map(|(e, h, _)| {
+        assert_eq!(e, 0);
+        h
+    }).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (100..164).collect::<Vec<_>>());
+    c.request(proto::CMD_FLUSH, 0, 7, 0, 0, &[]);
+    assert_eq!(c.reply(0).0, 0);
+    for i in 0..64u64 {
+        c.request(proto::CMD_READ, 0, 200 + i, i * 4096, 4096, &[]);
+    }
+    let mut got = std::collections::HashMap::new();
+    for _ in 0..64 {
+        let (e, h, d) = c.reply(4096);
+        assert_eq!(e, 0);
+        got.insert(h, d);
+    }
+    for i in 0..64u64 {
+        assert_eq!(got[&(200 + i)], pattern(i, 4096), "block {i}");
+    }
+    // Bad magic: the server hangs up (it cannot find the next request).
+    c.s.write_all(&[0xde, 0xad, 0xbe, 0xef]).unwrap();
+    c.s.write_all(&[0u8; 24]).unwrap();
+    assert!(c.closed(), "bad request magic");
+    check_bystander();
+
+    // Clients that vanish: mid-handshake, mid-header, mid-payload, and with reads in flight.
+    let c = RawClient::connect(&addr);
+    drop(c);
+    let mut c = RawClient::connect(&addr);
+    c.go("v");
+    c.s.write_all(&proto::encode_request(&proto::Request { flags: 0, kind: proto::CMD_WRITE, handle: 1, offset: 0, len: 1 << 20 })[..20]).unwrap();
+    drop(c);
+    let mut c = RawClient::connect(&addr);
+    c.go("v");
+    c.request(proto::CMD_WRITE, 0, 1, 0, 1 << 20, &vec![9u8; 300_000]);
+    drop(c);
+    let mut c = RawClient::connect(&addr);
+    c.go("v");
+    for i in 0..256u64 {
+        c.request(proto::CMD_READ, 0, i, (i % 256) * 4096, 4096, &[]);
+        c.request(proto::CMD_WRITE, 0, 1000 + i, 512 * (i % 8), 512, &[i as u8; 512]);
+    }
+    drop(c);
+    // A soft disconnect: replies to everything in flight, then the close.
+    let mut c = RawClient::connect(&addr);
+    c.go("v");
+    c.request(proto::CMD_READ, 0, 1, 0, 4096, &[]);
+    c.request(proto::CMD_DISC, 0, 2, 0, 0, &[]);
+    assert_eq!(c.reply(4096).1, 1);
+    assert!(c.closed());
+    check_bystander();
+
+    // The server is still healthy for a real client.
+    if require_cmd("qemu-io").is_ok() {
+        run("qemu-io", &["-f", "raw", &nbd.uri("v"), "-c", "read 0 1M"]).unwrap();
+    }
+}
+
+/// Two connections write different 512-byte sectors of the same 4 KiB blocks at the same
+/// time, many in flight: read-modify-write under the shared block locks keeps every sector.
+#[test]
+fn concurrent_sector_writes_to_one_block_from_two_connections() {
+    let backend = Backend::kura();
+    backend.create_volume("s", "1M");
+    let nbd = NbdProcess::start(&backend.url(), &[]);
+    const BLOCKS: u64 = 16;
+    let writers: Vec<_> = (0..2u64)
+        .map(|conn| {
+            let addr = nbd.addr.clone();
+            std::thread::spawn(move || {
+                let mut c = RawClient::connect(&addr);
+                c.go("s");
+                // Connection 0 writes the even sectors, connection 1 the odd ones.
+                let mut sent = 0;
+                for block in 0..BLOCKS {
+                    for sector in (conn..8).step_by(2) {
+                        let offset = block * 4096 + sector * 512;
+                        c.request(proto::CMD_WRITE, 0, offset, offset, 512, &pattern(offset, 512));
+                        sent += 1;
+                    }
+                }
+                for _ in 0..sent {
+                    assert_eq!(c.reply(0).0, 0);
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut c = RawClient::connect(&nbd.addr);
+    c.go("s");
+    c.request(proto::CMD_READ, 0, 1, 0, (BLOCKS * 4096) as u32, &[]);
+    let (e, _, data) = c.reply((BLOCKS * 4096) as usize);
+    assert_eq!(e, 0);
+    for sector in 0..BLOCKS * 8 {
+        let offset = sector * 512;
+        assert_eq!(&data[offset as usize..offset as usize + 512], &pattern(offset, 512)[..], "sector {sector}");
+    }
+}

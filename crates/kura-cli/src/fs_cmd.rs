@@ -1,0 +1,277 @@
+//! `kura fs`: the POSIX file system on the pool (paper 004).
+//!
+//! * `kura fs run [--mount /kura] [--pool URL...] -- COMMAND` runs COMMAND with
+//!   `libkura_fs.so` preloaded: paths under the mount go to the pool.
+//! * `kura fs mount MOUNTPOINT` serves the same namespace through FUSE.
+//! * `kura fs stop` stops the local server `run`/`mount` started.
+//!
+//! With no `--pool`, the namespace lives in a local `kura serve` (store mode) that the first
+//! `kura fs run`/`mount` on a data directory starts on a free port of 127.0.0.1 and later ones
+//! reuse (`server.json` in the data directory): every process of a pipeline, and every
+//! command, sees one namespace. The last `run` to finish stops a server it or another `run`
+//! started, unless `--keep-server`. `--pool embedded` puts the engine inside the one
+//! preloaded process instead (fastest, but only that process — no children — can use it).
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+
+/// How long a new local server has to start accepting connections.
+const SERVER_START_TIMEOUT_S: u64 = 30;
+/// How long a stopping server has to exit after SIGTERM before SIGKILL.
+const SERVER_STOP_GRACE_S: u64 = 10;
+const POLL_INTERVAL_MS: u64 = 20;
+/// The preload library's file name, next to the `kura` binary.
+pub const PRELOAD_LIB: &str = "libkura_fs.so";
+
+#[derive(Subcommand, Debug)]
+pub enum FsCommand {
+    /// Run COMMAND with the file system mounted (for it and its children) at --mount.
+    Run(RunArgs),
+    /// Expose the file system through FUSE at MOUNTPOINT (for static binaries and the rest of
+    /// the system); runs until unmounted (fusermount3 -u MOUNTPOINT) or SIGTERM.
+    Mount(MountArgs),
+    /// Stop the local server that `kura fs run`/`mount` started for --data-dir.
+    Stop(PoolArgs),
+}
+
+/// Where the file system lives.
+#[derive(Args, Debug, Clone)]
+pub struct PoolArgs {
+    /// Pool nodes (kura://host:port, memcached://host:port), or `embedded` for an engine
+    /// inside the preloaded process itself. Default: a local kura server for --data-dir.
+    #[arg(long = "pool", value_name = "URL")]
+    pub pool: Vec<String>,
+    /// Directory of the local server's store, port file and log.
+    #[arg(long, default_value = "kura-data/fs")]
+    pub data_dir: PathBuf,
+    /// Size of a new store (local server or embedded).
+    #[arg(long, default_value = "4G")]
+    pub store_size: String,
+    /// The file system's name in the pool (several can share one pool).
+    #[arg(long, default_value = "default")]
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The mount prefix: paths under it are kura's.
+    #[arg(long, default_value = "/kura")]
+    pub mount: String,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Page cache memory limit per process, MiB.
+    #[arg(long)]
+    pub cache_mb: Option<u64>,
+    /// Dirty share of the cache that starts write-back, percent (the paper's 20).
+    #[arg(long)]
+    pub dirty_percent: Option<u32>,
+    /// Chunk size of a new file system, bytes.
+    #[arg(long)]
+    pub chunk_size: Option<u32>,
+    /// Leave the local server running after COMMAND ends.
+    #[arg(long)]
+    pub keep_server: bool,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// Where to mount (an existing directory).
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf unless root).
+    #[arg(long)]
+    pub allow_other: bool,
+}
+
+pub fn run(command: FsCommand) -> anyhow::Result<()> {
+    match command {
+        FsCommand::Run(args) => run_command(&args),
+        FsCommand::Mount(args) => mount(&args),
+        FsCommand::Stop(args) => stop_server(&args.data_dir),
+    }
+}
+
+/// The pool URL(s) for the preload library, starting the local server when needed. The
+/// returned lock (shared) marks this process as a user of the local server.
+pub fn pool_urls(args: &PoolArgs) -> anyhow::Result<(Vec<String>, Option<File>)> {
+    match args.pool.as_slice() {
+        [] => {
+            let (port, lock) = ensure_server(&args.data_dir, &args.store_size)?;
+            Ok((vec![format!("kura://127.0.0.1:{port}")], Some(lock)))
+        }
+        [one] if one == "embedded" => {
+            fs::create_dir_all(&args.data_dir)?;
+            let path = args.data_dir.join("embedded.kura");
+            Ok((vec![format!("embedded:{}?size={}", path.display(), args.store_size)], None))
+        }
+        urls => Ok((urls.to_vec(), None)),
+    }
+}
+
+fn preload_lib() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the kura binary")?;
+    let lib = exe.parent().map(|d| d.join(PRELOAD_LIB)).context("the kura binary has no directory")?;
+    if !lib.is_file() {
+        bail!("{} not found next to {} (build it: cargo build --release -p kura-preload)", PRELOAD_LIB, exe.display());
+    }
+    Ok(lib)
+}
+
+fn run_command(args: &RunArgs) -> anyhow::Result<()> {
+    let lib = preload_lib()?;
+    let (urls, lock) = pool_urls(&args.pool)?;
+    let mut preload = lib.display().to_string();
+    if let Ok(existing) = std::env::var("LD_PRELOAD")
+        && !existing.is_empty()
+    {
+        preload = format!("{preload}:{existing}");
+    }
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("KURA_FS_MOUNT", &args.mount).env("KURA_FS_POOL", urls.join(",")).env("KURA_FS_NAME", &args.pool.name).env_remove("KURA_FS_CWD");
+    for (var, value) in [("KURA_FS_CACHE_MB", args.cache_mb.map(u64::from)), ("KURA_FS_DIRTY_PERCENT", args.dirty_percent.map(u64::from)), ("KURA_FS_CHUNK_SIZE", args.chunk_size.map(u64::from))] {
+        if let Some(v) = value {
+            cmd.env(var, v.to_string());
+        }
+    }
+    let status = cmd.status().with_context(|| format!("cannot run {}", args.command[0]))?;
+    if let Some(lock) = lock
+        && !args.keep_server
+    {
+        release_server(&args.pool.data_dir, lock);
+    }
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    std::process::exit(code);
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ServerInfo {
+    pid: u32,
+    port: u16,
+}
+
+fn flock(file: &File, op: i32) -> bool {
+    // SAFETY: flock on a descriptor we own.
+    unsafe { libc::flock(file.as_raw_fd(), op) == 0 }
+}
+
+fn lock_file(dir: &Path, name: &str) -> anyhow::Result<File> {
+    let path = dir.join(name);
+    File::options().create(true).truncate(false).read(true).write(true).open(&path).with_context(|| format!("cannot open {}", path.display()))
+}
+
+fn server_alive(dir: &Path) -> Option<ServerInfo> {
+    let mut text = String::new();
+    File::open(dir.join("server.json")).ok()?.read_to_string(&mut text).ok()?;
+    let info: ServerInfo = serde_json::from_str(&text).ok()?;
+    let alive = Path::new(&format!("/proc/{}", info.pid)).exists();
+    let accepting = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], info.port).into(), Duration::from_millis(500)).is_ok();
+    (alive && accepting).then_some(info)
+}
+
+/// The local server's port (started when none runs), and a shared lock marking a user.
+fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let users = lock_file(dir, "users.lock")?;
+    if !flock(&users, libc::LOCK_SH) {
+        bail!("cannot lock {}", dir.join("users.lock").display());
+    }
+    let start = lock_file(dir, "start.lock")?;
+    if !flock(&start, libc::LOCK_EX) {
+        bail!("cannot lock {}", dir.join("start.lock").display());
+    }
+    if let Some(info) = server_alive(dir) {
+        return Ok((info.port, users));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let exe = std::env::current_exe()?;
+    let log = File::create(dir.join("server.log"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["serve", "--listen", "127.0.0.1", "--port", &port.to_string(), "--mode", "store", "--size", size, "--threads", "2", "--path"])
+        .arg(dir.join("fs.kura"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .env_remove("LD_PRELOAD")
+        .process_group(0);
+    let child = cmd.spawn().context("cannot start kura serve")?;
+    let info = ServerInfo { pid: child.id(), port };
+    let deadline = Instant::now() + Duration::from_secs(SERVER_START_TIMEOUT_S);
+    while std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline || !Path::new(&format!("/proc/{}", info.pid)).exists() {
+            bail!("the local kura server did not start; see {}", dir.join("server.log").display());
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+    let mut f = File::create(dir.join("server.json"))?;
+    f.write_all(serde_json::to_string(&info)?.as_bytes())?;
+    // The server outlives this process (it is reaped by init): forget the child handle.
+    std::mem::forget(child);
+    Ok((port, users))
+}
+
+/// This user is done: stop the local server when no other user holds the lock.
+fn release_server(dir: &Path, users: File) {
+    if flock(&users, libc::LOCK_EX | libc::LOCK_NB)
+        && let Err(e) = stop_server(dir)
+    {
+        eprintln!("kura fs: {e:#}");
+    }
+}
+
+fn stop_server(dir: &Path) -> anyhow::Result<()> {
+    let Some(info) = server_alive(dir) else {
+        let _ = fs::remove_file(dir.join("server.json"));
+        return Ok(());
+    };
+    // SAFETY: kill(2) with integers; the pid is the server we started (checked alive above).
+    unsafe { libc::kill(info.pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(SERVER_STOP_GRACE_S);
+    while Path::new(&format!("/proc/{}", info.pid)).exists() && !is_zombie(info.pid) {
+        if Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe { libc::kill(info.pid as i32, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+    let _ = fs::remove_file(dir.join("server.json"));
+    Ok(())
+}
+
+fn is_zombie(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+}
+
+/// Opens the file system in this process (for FUSE and the benchmark).
+pub fn open_fs(urls: &[String], name: &str) -> anyhow::Result<Arc<kura_fs::Fs>> {
+    let mut config = if urls.is_empty() { kura_pool::PoolConfig::default() } else { kura_pool::PoolConfig::from_urls(urls)? };
+    config.engine.mode = Some(kura_engine::format::Mode::Store);
+    let pool = kura_pool::Pool::open(config)?;
+    let kv = Arc::new(kura_fs::PoolKv::new(pool)?);
+    // SAFETY: geteuid/getegid cannot fail.
+    let owner = unsafe { kura_fs::Owner { uid: libc::geteuid(), gid: libc::getegid() } };
+    let fs_config = kura_fs::FsConfig { name: name.to_owned(), ..kura_fs::FsConfig::default() };
+    Ok(kura_fs::Fs::open(kv, fs_config, owner)?)
+}
+
+fn mount(args: &MountArgs) -> anyhow::Result<()> {
+    let (urls, lock) = pool_urls(&args.pool)?;
+    let fs = open_fs(&urls, &args.pool.name)?;
+    eprintln!("kura fs: serving {} at {} (unmount with: fusermount3 -u {})", urls.join(","), args.mountpoint.display(), args.mountpoint.display());
+    let result = kura_fs::fuse::mount(fs, &args.mountpoint, args.allow_other);
+    drop(lock);
+    result.with_context(|| format!("FUSE mount at {}", args.mountpoint.display()))
+}

@@ -1,0 +1,897 @@
+//! The user-level page cache and the data path (paper 004, 3.1.3 and 3.2).
+//!
+//! Pages are chunk-sized and belong to a per-process [`Node`] (one per inode). A buffered
+//! write is a copy into the page under the node's lock plus counters — no system call, no
+//! pool request — and returns. A background write-back worker (its own pool context, every
+//! chunk of a pass in flight at once) writes dirty pages back when the dirty share passes the
+//! threshold, every `writeback_interval_ms`, and on demand. When the cache is at its memory
+//! limit, writers evict clean pages (oldest first) and, when every page is dirty, wait for the
+//! worker. `O_DIRECT` reads and writes go to the pool (after writing back dirty pages they
+//! overlap, so the cache never hides data from them); `O_SYNC`/`O_DSYNC` writes go through the
+//! cache and then write the file back and flush the pool before returning; `fsync` writes back
+//! everything written to the file before it and flushes the pool (a barrier).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{FsError, Result};
+use crate::layout::{FILE_SIZE_BYTES_MAX, Inode, file_type};
+use crate::ns::now_ns;
+use crate::{Fs, FsConfig};
+
+/// Dirty pages one write-back request carries, at most (bounds the copies held at once).
+const WRITEBACK_BATCH_PAGES: usize = 1024;
+/// How long a writer waits for room before looking again.
+const ROOM_WAIT_MS: u64 = 10;
+/// Evictions tried per page that must be freed before a writer waits.
+const EVICT_SCAN_MAX: usize = 4096;
+
+/// How a write reaches the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Into the cache; written back later.
+    Buffered,
+    /// Through the cache, then written back and flushed before returning (`O_SYNC`, `O_DSYNC`).
+    Sync,
+    /// Around the cache, straight to the pool (`O_DIRECT`).
+    Direct,
+    /// Around the cache, then flushed (`O_DIRECT | O_SYNC`).
+    DirectSync,
+}
+
+struct Page {
+    data: Box<[u8]>,
+    dirty: bool,
+    /// Being written back: not evictable until the pool has it.
+    in_flight: bool,
+}
+
+/// One inode as this process caches it.
+pub struct Node {
+    pub ino: u64,
+    inner: Mutex<NodeInner>,
+    /// One write-back (or truncate) of this node at a time, so `fsync` waits for the
+    /// background worker's pass that took pages before it.
+    wb_lock: Mutex<()>,
+    /// Another process may have changed the file since this process last looked (set after
+    /// `fork`: parent and child share descriptors, not caches): reload before the next use.
+    stale: AtomicBool,
+}
+
+struct NodeInner {
+    /// The size this process sees (its writes included).
+    size: u64,
+    /// The size the pool's record had when last read or written back.
+    pool_size: u64,
+    generation: u64,
+    pages: BTreeMap<u64, Page>,
+    dirty: usize,
+    /// Size or times to write back.
+    meta_dirty: bool,
+    /// The time of the last write not yet in the pool's record.
+    mtime_ns: Option<i64>,
+    opens: u32,
+    /// Unlinked while open here: deleted at the last close.
+    orphan: bool,
+    /// End of the last read, for sequential read-ahead.
+    last_read_end: u64,
+    /// A failed write-back, reported by the next `fsync`/`close`.
+    error: Option<FsError>,
+}
+
+/// The cache's shared counters and queues.
+pub(crate) struct CacheState {
+    pages: AtomicUsize,
+    dirty: AtomicUsize,
+    pages_max: usize,
+    dirty_max: usize,
+    /// Pages in insertion order, for eviction (stale entries are skipped).
+    lru: Mutex<VecDeque<(Weak<Node>, u64)>>,
+    room: Condvar,
+    room_lock: Mutex<()>,
+    wb_kick: Condvar,
+    wb_state: Mutex<WritebackState>,
+    interval: Duration,
+    readahead_pages: u64,
+    pass: PassGate,
+}
+
+#[derive(Default)]
+struct WritebackState {
+    /// The process whose worker is running (after `fork` the child starts its own).
+    worker_pid: u32,
+    kicked: bool,
+    paused: bool,
+}
+
+impl CacheState {
+    pub(crate) fn new(config: &FsConfig, chunk: usize) -> Self {
+        let pages_max = (config.cache_bytes_max as usize / chunk).max(16);
+        Self {
+            pages: AtomicUsize::new(0),
+            dirty: AtomicUsize::new(0),
+            pages_max,
+            dirty_max: (pages_max * config.dirty_percent as usize / 100).max(1),
+            lru: Mutex::new(VecDeque::new()),
+            room: Condvar::new(),
+            room_lock: Mutex::new(()),
+            wb_kick: Condvar::new(),
+            wb_state: Mutex::new(WritebackState::default()),
+            interval: Duration::from_millis(config.writeback_interval_ms.max(1)),
+            readahead_pages: u64::from(config.readahead_pages.max(1)),
+            pass: PassGate { locked: AtomicBool::new(false), lock: Mutex::new(()) },
+        }
+    }
+}
+
+thread_local! {
+    /// Scratch buffer for direct reads.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A coarse wall clock for mtimes of buffered writes (a vDSO read, no system call).
+fn coarse_now_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+impl Node {
+    fn new(inode: &Inode) -> Self {
+        Self {
+            ino: inode.ino,
+            inner: Mutex::new(NodeInner {
+                size: inode.size,
+                pool_size: inode.size,
+                generation: inode.generation,
+                pages: BTreeMap::new(),
+                dirty: 0,
+                meta_dirty: false,
+                mtime_ns: None,
+                opens: 0,
+                orphan: false,
+                last_read_end: u64::MAX,
+                error: None,
+            }),
+            wb_lock: Mutex::new(()),
+            stale: AtomicBool::new(false),
+        }
+    }
+
+    /// The size this process sees.
+    pub fn size(&self) -> u64 {
+        self.inner.lock().size
+    }
+
+    /// Whether this process has data of the file not yet in the pool.
+    pub fn is_dirty(&self) -> bool {
+        let inner = self.inner.lock();
+        inner.dirty > 0 || inner.meta_dirty
+    }
+}
+
+impl Fs {
+    /// Opens `inode` in this process: its node, refreshed from the record when nothing of it
+    /// is pending here (cached pages are dropped when another process changed the data).
+    pub fn open_node(&self, inode: &Inode) -> Arc<Node> {
+        let node = Arc::clone(self.nodes.lock().entry(inode.ino).or_insert_with(|| Arc::new(Node::new(inode))));
+        let mut inner = node.inner.lock();
+        if inner.dirty == 0 && !inner.meta_dirty && inner.opens == 0 {
+            if inner.generation != inode.generation {
+                self.drop_pages(&mut inner, 0);
+                inner.generation = inode.generation;
+            }
+            inner.size = inode.size;
+            inner.pool_size = inode.size;
+        }
+        inner.opens += 1;
+        drop(inner);
+        node
+    }
+
+    /// One open of `node` ended. The last one writes its data back (close-to-open
+    /// consistency) and deletes an unlinked file.
+    pub fn release(&self, node: &Arc<Node>) -> Result<()> {
+        let last = {
+            let mut inner = node.inner.lock();
+            inner.opens = inner.opens.saturating_sub(1);
+            inner.opens == 0
+        };
+        if !last {
+            return Ok(());
+        }
+        let orphan = node.inner.lock().orphan;
+        if orphan {
+            self.discard(node);
+            return match self.load_inode(node.ino) {
+                Ok((inode, _)) if inode.nlink == 0 => self.delete_inode(&inode),
+                _ => Ok(()),
+            };
+        }
+        let result = self.writeback(node);
+        let error = node.inner.lock().error.take();
+        result.and(error.map_or(Ok(()), Err))
+    }
+
+    /// Whether this process has `ino` open (then an unlink to zero links defers the delete).
+    pub(crate) fn defer_delete_if_open(&self, ino: u64) -> bool {
+        let Some(node) = self.nodes.lock().get(&ino).cloned() else {
+            return false;
+        };
+        let mut inner = node.inner.lock();
+        if inner.opens > 0 {
+            inner.orphan = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Drops everything cached of `ino` (it was deleted).
+    pub(crate) fn forget_node(&self, ino: u64) {
+        let node = self.nodes.lock().remove(&ino);
+        if let Some(node) = node {
+            self.discard(&node);
+        }
+    }
+
+    fn discard(&self, node: &Node) {
+        let mut inner = node.inner.lock();
+        self.drop_pages(&mut inner, 0);
+        inner.meta_dirty = false;
+        inner.mtime_ns = None;
+    }
+
+    /// Chunks of `ino` this process may have that the record's size does not cover.
+    pub(crate) fn local_chunk_count(&self, ino: u64) -> u64 {
+        let node = self.nodes.lock().get(&ino).cloned();
+        node.map_or(0, |n| n.inner.lock().size.div_ceil(self.chunk as u64))
+    }
+
+    /// Puts this process's size and mtime of cached, unwritten data into `inode`.
+    pub(crate) fn overlay_local(&self, inode: &mut Inode) {
+        if file_type(inode.mode) != libc::S_IFREG {
+            return;
+        }
+        let Some(node) = self.nodes.lock().get(&inode.ino).cloned() else {
+            return;
+        };
+        let inner = node.inner.lock();
+        if !node.stale.load(Ordering::Acquire) && (inner.dirty > 0 || inner.meta_dirty || inner.opens > 0) {
+            inode.size = inner.size;
+            if let Some(t) = inner.mtime_ns {
+                inode.mtime_ns = t;
+                inode.ctime_ns = inode.ctime_ns.max(t);
+            }
+        }
+    }
+
+    /// An explicit mtime replaces the pending one of buffered writes.
+    pub(crate) fn discard_local_mtime(&self, ino: u64) {
+        if let Some(node) = self.nodes.lock().get(&ino).cloned() {
+            node.inner.lock().mtime_ns = None;
+        }
+    }
+
+    /// Drops pages at or after index `from` (dirty ones too: the caller truncates).
+    fn drop_pages(&self, inner: &mut NodeInner, from: u64) {
+        let dropped = inner.pages.split_off(&from);
+        let dirty = dropped.values().filter(|p| p.dirty).count();
+        inner.dirty -= dirty;
+        self.cache.dirty.fetch_sub(dirty, Ordering::Relaxed);
+        self.cache.pages.fetch_sub(dropped.len(), Ordering::Relaxed);
+    }
+
+    fn insert_page(&self, node: &Arc<Node>, inner: &mut NodeInner, index: u64, data: Box<[u8]>) {
+        debug_assert_eq!(data.len(), self.chunk);
+        inner.pages.insert(index, Page { data, dirty: false, in_flight: false });
+        self.cache.pages.fetch_add(1, Ordering::Relaxed);
+        self.cache.lru.lock().push_back((Arc::downgrade(node), index));
+    }
+
+    /// A page's bytes as stored: `value` padded with zeros to the chunk size.
+    fn page_from(&self, value: Option<&[u8]>) -> Box<[u8]> {
+        let mut data = vec![0u8; self.chunk].into_boxed_slice();
+        if let Some(v) = value {
+            let n = v.len().min(self.chunk);
+            data[..n].copy_from_slice(&v[..n]);
+        }
+        data
+    }
+
+    /// Forgets what this process knows of every file's data (after `fork`, in the parent:
+    /// the child shares its descriptors and may change the files). Dirty data was written
+    /// back just before the fork.
+    pub fn invalidate_cached(&self) {
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        for node in nodes {
+            let mut inner = node.inner.lock();
+            if inner.dirty > 0 || inner.meta_dirty {
+                continue;
+            }
+            let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.in_flight).map(|(&i, _)| i).collect();
+            for index in &clean {
+                inner.pages.remove(index);
+            }
+            self.cache.pages.fetch_sub(clean.len(), Ordering::Relaxed);
+            node.stale.store(true, Ordering::Release);
+        }
+    }
+
+    /// Reloads a stale node's size from the pool (see [`Fs::invalidate_cached`]).
+    fn refresh_if_stale(&self, node: &Arc<Node>) -> Result<()> {
+        if !node.stale.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (inode, _) = self.load_inode(node.ino)?;
+        let mut inner = node.inner.lock();
+        if node.stale.swap(false, Ordering::AcqRel) && inner.dirty == 0 && !inner.meta_dirty {
+            inner.size = inode.size;
+            inner.pool_size = inode.size;
+            inner.generation = inode.generation;
+        }
+        Ok(())
+    }
+
+    /// The size of an open file as this process sees it.
+    pub fn size_of(&self, node: &Arc<Node>) -> Result<u64> {
+        self.refresh_if_stale(node)?;
+        Ok(node.size())
+    }
+
+    /// Writes `data` at `offset` (`O_APPEND` callers pass the size). Returns bytes written.
+    pub fn write(&self, node: &Arc<Node>, offset: u64, data: &[u8], mode: WriteMode) -> Result<usize> {
+        self.refresh_if_stale(node)?;
+        let end = offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
+        if end > FILE_SIZE_BYTES_MAX {
+            return Err(FsError::TooBig);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match mode {
+            WriteMode::Buffered | WriteMode::Sync => self.write_cached(node, offset, data)?,
+            WriteMode::Direct | WriteMode::DirectSync => self.write_direct(node, offset, data)?,
+        }
+        if matches!(mode, WriteMode::Sync | WriteMode::DirectSync) {
+            self.fsync(node)?;
+        }
+        Ok(data.len())
+    }
+
+    fn write_cached(&self, node: &Arc<Node>, offset: u64, data: &[u8]) -> Result<()> {
+        let chunk = self.chunk as u64;
+        let mut done = 0usize;
+        let mut inserted = 0usize;
+        let mut newly_dirty = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let index = at / chunk;
+            let in_page = (at % chunk) as usize;
+            let n = (self.chunk - in_page).min(data.len() - done);
+            let mut inner = node.inner.lock();
+            if !inner.pages.contains_key(&index) {
+                let needs_old = n < self.chunk && index * chunk < inner.pool_size;
+                let page = if needs_old {
+                    drop(inner);
+                    let old = self.fetch_chunk(node.ino, index)?;
+                    inner = node.inner.lock();
+                    self.page_from(old.as_deref())
+                } else {
+                    self.page_from(None)
+                };
+                if !inner.pages.contains_key(&index) {
+                    self.insert_page(node, &mut inner, index, page);
+                    inserted += 1;
+                }
+            }
+            let page = inner.pages.get_mut(&index).expect("inserted above");
+            page.data[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            if !page.dirty {
+                page.dirty = true;
+                inner.dirty += 1;
+                newly_dirty += 1;
+            }
+            inner.size = inner.size.max(at + n as u64);
+            inner.meta_dirty = true;
+            inner.mtime_ns = Some(coarse_now_ns());
+            done += n;
+        }
+        if newly_dirty > 0 {
+            let dirty = self.cache.dirty.fetch_add(newly_dirty, Ordering::Relaxed) + newly_dirty;
+            if dirty > self.cache.dirty_max {
+                self.kick_writeback();
+            }
+        }
+        self.ensure_writeback_worker();
+        if inserted > 0 && self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max {
+            self.make_room();
+        }
+        Ok(())
+    }
+
+    fn fetch_chunk(&self, ino: u64, index: u64) -> Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok(self.kv.get_into(&self.keys.chunk(ino, index), &mut out)?.then_some(out))
+    }
+
+    fn write_direct(&self, node: &Arc<Node>, offset: u64, data: &[u8]) -> Result<()> {
+        // Dirty cached pages would be written back over this write later: write them first.
+        if node.inner.lock().dirty > 0 {
+            self.writeback(node)?;
+        }
+        let chunk = self.chunk as u64;
+        let size = node.size();
+        let end = offset + data.len() as u64;
+        let mut items = Vec::new();
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let index = at / chunk;
+            let in_page = (at % chunk) as usize;
+            let n = (self.chunk - in_page).min(data.len() - done);
+            let chunk_end_in_file = (index * chunk + chunk).min(size.max(end));
+            let value = if in_page == 0 && index * chunk + n as u64 >= chunk_end_in_file {
+                data[done..done + n].to_vec()
+            } else {
+                let mut old = self.fetch_chunk(node.ino, index)?.unwrap_or_default();
+                let want = (chunk_end_in_file - index * chunk) as usize;
+                if old.len() < want {
+                    old.resize(want, 0);
+                }
+                old[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+                old
+            };
+            items.push((self.keys.chunk(node.ino, index), value));
+            done += n;
+        }
+        self.kv.set_many(&items)?;
+        let mut inner = node.inner.lock();
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let index = at / chunk;
+            let in_page = (at % chunk) as usize;
+            let n = (self.chunk - in_page).min(data.len() - done);
+            if let Some(page) = inner.pages.get_mut(&index) {
+                page.data[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+            }
+            done += n;
+        }
+        if end > inner.size {
+            inner.size = end;
+        }
+        inner.pool_size = inner.pool_size.max(end);
+        inner.meta_dirty = true;
+        inner.mtime_ns = Some(coarse_now_ns());
+        drop(inner);
+        self.ensure_writeback_worker();
+        Ok(())
+    }
+
+    /// Reads at `offset` into `buf` through the cache (read-ahead on sequential misses).
+    pub fn read(&self, node: &Arc<Node>, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.refresh_if_stale(node)?;
+        let chunk = self.chunk as u64;
+        let (size, sequential) = {
+            let mut inner = node.inner.lock();
+            let sequential = inner.last_read_end == offset;
+            inner.last_read_end = offset + buf.len() as u64;
+            (inner.size, sequential)
+        };
+        if offset >= size {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - offset) as usize;
+        let mut done = 0usize;
+        while done < len {
+            let at = offset + done as u64;
+            let index = at / chunk;
+            let in_page = (at % chunk) as usize;
+            let n = (self.chunk - in_page).min(len - done);
+            {
+                let inner = node.inner.lock();
+                if let Some(page) = inner.pages.get(&index) {
+                    buf[done..done + n].copy_from_slice(&page.data[in_page..in_page + n]);
+                    done += n;
+                    continue;
+                }
+            }
+            let last = (offset + len as u64 - 1) / chunk;
+            let ahead = if sequential { self.cache.readahead_pages } else { 1 };
+            let until = (last + 1).max(index + ahead).min(size.div_ceil(chunk));
+            self.fill(node, index, until)?;
+            let inner = node.inner.lock();
+            match inner.pages.get(&index) {
+                Some(page) => buf[done..done + n].copy_from_slice(&page.data[in_page..in_page + n]),
+                None => continue, // evicted at once under memory pressure: look again
+            }
+            done += n;
+        }
+        Ok(len)
+    }
+
+    /// Loads pages `from..until` that are not cached, in one batch.
+    fn fill(&self, node: &Arc<Node>, from: u64, until: u64) -> Result<()> {
+        let missing: Vec<u64> = {
+            let inner = node.inner.lock();
+            (from..until.max(from + 1)).filter(|i| !inner.pages.contains_key(i)).collect()
+        };
+        let keys: Vec<Vec<u8>> = missing.iter().map(|&i| self.keys.chunk(node.ino, i)).collect();
+        let values = self.kv.get_many(&keys)?;
+        let mut inserted = 0;
+        {
+            let mut inner = node.inner.lock();
+            for (index, value) in missing.into_iter().zip(values) {
+                if !inner.pages.contains_key(&index) {
+                    let page = self.page_from(value.as_deref());
+                    self.insert_page(node, &mut inner, index, page);
+                    inserted += 1;
+                }
+            }
+        }
+        if inserted > 0 && self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max {
+            self.make_room();
+        }
+        Ok(())
+    }
+
+    /// Reads at `offset` straight from the pool (`O_DIRECT`).
+    pub fn read_direct(&self, node: &Arc<Node>, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.refresh_if_stale(node)?;
+        if node.inner.lock().dirty > 0 {
+            self.writeback(node)?;
+        }
+        let chunk = self.chunk as u64;
+        let size = node.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - offset) as usize;
+        let mut fresh = Vec::new();
+        let mut run = |scratch: &mut Vec<u8>| -> Result<usize> {
+            let mut done = 0usize;
+            while done < len {
+                let at = offset + done as u64;
+                let index = at / chunk;
+                let in_page = (at % chunk) as usize;
+                let n = (self.chunk - in_page).min(len - done);
+                let found = self.kv.get_into(&self.keys.chunk(node.ino, index), scratch)?;
+                let dst = &mut buf[done..done + n];
+                let have = if found { scratch.len().saturating_sub(in_page).min(n) } else { 0 };
+                dst[..have].copy_from_slice(&scratch[in_page..in_page + have]);
+                dst[have..].fill(0);
+                done += n;
+            }
+            Ok(len)
+        };
+        match SCRATCH.try_with(|s| run(&mut s.borrow_mut())) {
+            Ok(result) => result,
+            Err(_) => run(&mut fresh),
+        }
+    }
+
+    /// Writes every dirty page of `node` and its size and mtime to the pool (not flushed).
+    pub fn writeback(&self, node: &Arc<Node>) -> Result<()> {
+        let _one_at_a_time = node.wb_lock.lock();
+        self.writeback_locked(node)
+    }
+
+    fn writeback_locked(&self, node: &Arc<Node>) -> Result<()> {
+        let chunk = self.chunk as u64;
+        loop {
+            let (items, indexes, size, mtime, meta) = {
+                let mut inner = node.inner.lock();
+                if inner.dirty == 0 && !inner.meta_dirty {
+                    return Ok(());
+                }
+                let size = inner.size;
+                let mut items = Vec::new();
+                let mut indexes = Vec::new();
+                for (&index, page) in inner.pages.iter_mut().filter(|(_, p)| p.dirty).take(WRITEBACK_BATCH_PAGES) {
+                    let len = (size.saturating_sub(index * chunk)).min(chunk) as usize;
+                    page.dirty = false;
+                    page.in_flight = true;
+                    indexes.push(index);
+                    if len > 0 {
+                        items.push((self.keys.chunk(node.ino, index), page.data[..len].to_vec()));
+                    }
+                }
+                inner.dirty -= indexes.len();
+                self.cache.dirty.fetch_sub(indexes.len(), Ordering::Relaxed);
+                let meta = inner.dirty == 0 && inner.meta_dirty;
+                let mtime = if meta { inner.mtime_ns.take() } else { None };
+                if meta {
+                    inner.meta_dirty = false;
+                }
+                (items, indexes, size, mtime, meta)
+            };
+            let written = self.kv.set_many(&items);
+            {
+                let mut inner = node.inner.lock();
+                for index in &indexes {
+                    if let Some(page) = inner.pages.get_mut(index) {
+                        page.in_flight = false;
+                        if written.is_err() && !page.dirty {
+                            page.dirty = true;
+                            inner.dirty += 1;
+                            self.cache.dirty.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                if let Err(e) = &written {
+                    inner.meta_dirty |= meta;
+                    inner.error = Some(e.clone());
+                }
+            }
+            self.cache.room.notify_all();
+            written?;
+            if meta {
+                self.write_back_meta(node, size, mtime)?;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Puts the size and mtime of written-back data into the inode record (CAS) and bumps its
+    /// generation so other processes drop their cached pages at their next open.
+    fn write_back_meta(&self, node: &Arc<Node>, size: u64, mtime: Option<i64>) -> Result<()> {
+        let updated = self.update_inode(node.ino, |i| {
+            i.size = i.size.max(size);
+            if let Some(t) = mtime {
+                i.mtime_ns = t;
+                i.ctime_ns = i.ctime_ns.max(t);
+            }
+            i.generation += 1;
+            Ok(())
+        });
+        let mut inner = node.inner.lock();
+        match updated {
+            Ok(inode) => {
+                inner.pool_size = inode.size;
+                inner.generation = inode.generation;
+                Ok(())
+            }
+            Err(FsError::NotFound) => Ok(()), // deleted meanwhile
+            Err(e) => {
+                inner.meta_dirty = true;
+                inner.mtime_ns = inner.mtime_ns.or(mtime);
+                inner.error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Everything written to `node` before this call is durable when it returns.
+    pub fn fsync(&self, node: &Arc<Node>) -> Result<()> {
+        self.writeback(node)?;
+        if let Some(e) = node.inner.lock().error.take() {
+            return Err(e);
+        }
+        self.kv.flush()
+    }
+
+    /// Writes back every node with dirty data (before fork, exec and exit, and for `sync`).
+    pub fn writeback_all(&self) -> Result<()> {
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        let mut first_error = Ok(());
+        for node in nodes.iter().filter(|n| n.is_dirty()) {
+            if let Err(e) = self.writeback(node) {
+                first_error = first_error.and(Err(e));
+            }
+        }
+        first_error
+    }
+
+    /// [`Fs::writeback_all`] and a pool flush.
+    pub fn sync_all(&self) -> Result<()> {
+        self.writeback_all()?;
+        self.kv.flush()
+    }
+
+    /// Sets the size of `ino`: cached pages and pool chunks past it are dropped, the boundary
+    /// chunk is cut, the record updated.
+    pub(crate) fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+        if size > FILE_SIZE_BYTES_MAX {
+            return Err(FsError::TooBig);
+        }
+        let (inode, _) = self.load_inode(ino)?;
+        if crate::layout::is_dir(inode.mode) {
+            return Err(FsError::IsDir);
+        }
+        if file_type(inode.mode) != libc::S_IFREG {
+            return Err(FsError::Invalid);
+        }
+        let node = self.nodes.lock().get(&ino).cloned();
+        let _guard = node.as_ref().map(|n| n.wb_lock.lock());
+        if let Some(node) = &node {
+            self.writeback_locked(node)?;
+        }
+        let chunk = self.chunk as u64;
+        let old_size = inode.size.max(node.as_ref().map_or(0, |n| n.size()));
+        if size < old_size {
+            let first_gone = size.div_ceil(chunk);
+            let keys: Vec<Vec<u8>> = (first_gone..old_size.div_ceil(chunk)).map(|i| self.keys.chunk(ino, i)).collect();
+            self.kv.delete_many(&keys)?;
+            if size % chunk != 0 {
+                let index = size / chunk;
+                if let Some(mut value) = self.fetch_chunk(ino, index)? {
+                    let keep = (size % chunk) as usize;
+                    if value.len() > keep {
+                        value.truncate(keep);
+                        self.kv.set_many(&[(self.keys.chunk(ino, index), value)])?;
+                    }
+                }
+            }
+        }
+        if let Some(node) = &node {
+            let mut inner = node.inner.lock();
+            self.drop_pages(&mut inner, size.div_ceil(chunk));
+            if size % chunk != 0
+                && let Some(page) = inner.pages.get_mut(&(size / chunk))
+            {
+                page.data[(size % chunk) as usize..].fill(0);
+            }
+            inner.size = size;
+            inner.mtime_ns = None;
+        }
+        let now = now_ns();
+        let updated = self.update_inode(ino, |i| {
+            i.size = size;
+            i.mtime_ns = now;
+            i.ctime_ns = now;
+            i.generation += 1;
+            Ok(())
+        })?;
+        if let Some(node) = &node {
+            let mut inner = node.inner.lock();
+            inner.pool_size = size;
+            inner.generation = updated.generation;
+        }
+        self.cache.room.notify_all();
+        Ok(())
+    }
+
+    /// Frees pages until the cache is under its limit: evicts clean pages oldest first and,
+    /// when all are dirty or in flight, kicks the write-back worker and waits (writers wait
+    /// when memory is full).
+    fn make_room(&self) {
+        while self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max {
+            if !self.evict_some() {
+                self.kick_writeback();
+                let mut guard = self.cache.room_lock.lock();
+                self.cache.room.wait_for(&mut guard, Duration::from_millis(ROOM_WAIT_MS));
+            }
+        }
+    }
+
+    /// Evicts clean pages from the front of the queue; `false` when none could be.
+    fn evict_some(&self) -> bool {
+        let excess = self.cache.pages.load(Ordering::Relaxed).saturating_sub(self.cache.pages_max);
+        let mut freed = 0;
+        for _ in 0..EVICT_SCAN_MAX.max(excess) {
+            if freed >= excess {
+                break;
+            }
+            let Some((weak, index)) = self.cache.lru.lock().pop_front() else {
+                break;
+            };
+            let Some(node) = weak.upgrade() else {
+                continue;
+            };
+            let mut inner = node.inner.lock();
+            match inner.pages.get(&index) {
+                Some(p) if !p.dirty && !p.in_flight => {
+                    inner.pages.remove(&index);
+                    self.cache.pages.fetch_sub(1, Ordering::Relaxed);
+                    freed += 1;
+                }
+                Some(_) => {
+                    drop(inner);
+                    self.cache.lru.lock().push_back((weak, index));
+                }
+                None => {}
+            }
+        }
+        freed > 0
+    }
+
+    fn kick_writeback(&self) {
+        let mut state = self.cache.wb_state.lock();
+        state.kicked = true;
+        self.cache.wb_kick.notify_one();
+    }
+
+    /// Starts this process's write-back worker if it has none (first write, or after fork).
+    fn ensure_writeback_worker(&self) {
+        let pid = std::process::id();
+        {
+            let state = self.cache.wb_state.lock();
+            if state.worker_pid == pid {
+                return;
+            }
+        }
+        let Some(fs) = self.self_arc() else {
+            return;
+        };
+        let mut state = self.cache.wb_state.lock();
+        if state.worker_pid == pid {
+            return;
+        }
+        state.worker_pid = pid;
+        let weak = Arc::downgrade(&fs);
+        let spawned = std::thread::Builder::new().name("kura-fs-writeback".into()).spawn(move || writeback_worker(weak, pid));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the write-back worker: {e}; writing back on demand only");
+        }
+    }
+
+    fn self_arc(&self) -> Option<Arc<Fs>> {
+        self.me.upgrade()
+    }
+
+    /// Stops the write-back worker between passes (held across `fork`, so the child never
+    /// inherits a half-done pass).
+    pub fn pause_writeback(&self) {
+        let mut state = self.cache.wb_state.lock();
+        state.paused = true;
+        drop(state);
+        self.cache.pass.lock_pause();
+    }
+
+    pub fn resume_writeback(&self) {
+        self.cache.pass.unlock_pause();
+        self.cache.wb_state.lock().paused = false;
+    }
+}
+
+/// A pass of a write-back worker holds this; `fork` takes it so no pass is half done.
+struct PassGate {
+    locked: AtomicBool,
+    lock: Mutex<()>,
+}
+
+impl PassGate {
+    fn lock_pause(&self) {
+        std::mem::forget(self.lock.lock());
+        self.locked.store(true, Ordering::Release);
+    }
+
+    fn unlock_pause(&self) {
+        if self.locked.swap(false, Ordering::AcqRel) {
+            // SAFETY: lock_pause leaked the guard of this mutex on this thread (fork's prepare
+            // handler and its parent/child handler run on the same thread), so it is locked.
+            unsafe { self.lock.force_unlock() };
+        }
+    }
+}
+
+fn writeback_worker(fs: Weak<Fs>, pid: u32) {
+    loop {
+        let Some(strong) = fs.upgrade() else {
+            return;
+        };
+        if std::process::id() != pid {
+            return;
+        }
+        {
+            let mut state = strong.cache.wb_state.lock();
+            if !state.kicked {
+                let interval = strong.cache.interval;
+                strong.cache.wb_kick.wait_for(&mut state, interval);
+            }
+            state.kicked = false;
+        }
+        let _pass = strong.cache.pass.lock.lock();
+        if let Err(e) = strong.writeback_all() {
+            tracing::warn!("write-back failed: {e}");
+        }
+        strong.cache.room.notify_all();
+    }
+}

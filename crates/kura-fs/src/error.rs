@@ -1,0 +1,89 @@
+//! The file system's errors, each with the errno POSIX gives it (the preload library and the
+//! FUSE adapter both hand [`FsError::errno`] to their callers).
+
+/// One operation's failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("invalid argument")]
+    Invalid,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("too many levels of symbolic links")]
+    Loop,
+    #[error("file too large")]
+    TooBig,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("operation not permitted")]
+    Perm,
+    #[error("operation not supported")]
+    NotSupported,
+    /// The pool refused a write because live data fills it.
+    #[error("no space left in the pool")]
+    NoSpace,
+    /// The pool failed, or did not answer within its bounded wait.
+    #[error("pool I/O error: {0}")]
+    Io(String),
+    /// A record in the pool does not decode: the namespace is damaged (or not kura's).
+    #[error("corrupt record {key}: {why}")]
+    Corrupt { key: String, why: &'static str },
+}
+
+impl FsError {
+    /// The errno POSIX specifies for this failure.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::Invalid => libc::EINVAL,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::Loop => libc::ELOOP,
+            FsError::TooBig => libc::EFBIG,
+            FsError::TooManyLinks => libc::EMLINK,
+            FsError::Perm => libc::EPERM,
+            FsError::NotSupported => libc::EOPNOTSUPP,
+            FsError::NoSpace => libc::ENOSPC,
+            FsError::Io(_) | FsError::Corrupt { .. } => libc::EIO,
+        }
+    }
+}
+
+impl From<kura_pool::Error> for FsError {
+    fn from(e: kura_pool::Error) -> Self {
+        match e {
+            kura_pool::Error::Engine(kura_engine::Error::StoreFull { .. }) => FsError::NoSpace,
+            kura_pool::Error::Server { ref message, .. } if is_out_of_space(message) => FsError::NoSpace,
+            other => FsError::Io(other.to_string()),
+        }
+    }
+}
+
+impl From<kura_engine::Error> for FsError {
+    fn from(e: kura_engine::Error) -> Self {
+        match e {
+            kura_engine::Error::StoreFull { .. } => FsError::NoSpace,
+            other => FsError::Io(other.to_string()),
+        }
+    }
+}
+
+/// memcached (and `kura serve --mode store`) answer a write that finds no room with
+/// `SERVER_ERROR out of memory`.
+pub(crate) fn is_out_of_space(message: &str) -> bool {
+    message.contains("out of memory") || message.contains("full")
+}
+
+pub type Result<T, E = FsError> = std::result::Result<T, E>;

@@ -1,0 +1,419 @@
+//! The FUSE adapter (`kura fs mount`): the same namespace and layout as the preload library,
+//! through the kernel, for programs that cannot be preloaded (static binaries) and for the rest
+//! of the system. Permission checks are the kernel's (`default_permissions`); attributes and
+//! entries are not cached by the kernel (time-to-live zero), because other processes change
+//! the namespace through the pool directly.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::cache::{Node, WriteMode};
+use crate::error::FsError;
+use crate::layout::{DirEntry, Inode, file_type};
+use crate::ns::{Owner, RenameFlags, SetAttr, now_ns};
+use crate::Fs;
+
+/// Kernel threads reading FUSE requests.
+const FUSE_THREADS: usize = 4;
+/// Attributes and entries are revalidated on every use.
+const TTL: Duration = Duration::ZERO;
+
+enum Handle {
+    File { node: Arc<Node>, flags: i32 },
+    Dir { entries: Vec<DirEntry> },
+}
+
+/// The file system as a FUSE server.
+pub struct KuraFuse {
+    fs: Arc<Fs>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_handle: AtomicU64,
+}
+
+fn errno(e: FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 { UNIX_EPOCH + Duration::from_nanos(ns as u64) } else { UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs()) }
+}
+
+fn ns_of(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::Now => now_ns(),
+        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_nanos() as i64,
+            Err(e) => -(e.duration().as_nanos() as i64),
+        },
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match file_type(mode) {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn dtype_kind(dtype: u8) -> FileType {
+    match dtype {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        libc::DT_SOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+impl KuraFuse {
+    pub fn new(fs: Arc<Fs>) -> Self {
+        Self { fs, handles: Mutex::new(HashMap::new()), next_handle: AtomicU64::new(1) }
+    }
+
+    fn attr(&self, inode: &Inode) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(inode.ino),
+            size: inode.size,
+            blocks: inode.size.div_ceil(512),
+            atime: time(inode.atime_ns),
+            mtime: time(inode.mtime_ns),
+            ctime: time(inode.ctime_ns),
+            crtime: time(inode.ctime_ns),
+            kind: kind(inode.mode),
+            perm: (inode.mode & 0o7777) as u16,
+            nlink: inode.nlink,
+            uid: inode.uid,
+            gid: inode.gid,
+            rdev: inode.rdev,
+            blksize: self.fs.chunk_size_bytes() as u32,
+            flags: 0,
+        }
+    }
+
+    fn add_handle(&self, handle: Handle) -> FileHandle {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, handle);
+        FileHandle(fh)
+    }
+
+    fn node(&self, fh: FileHandle) -> Result<(Arc<Node>, i32), Errno> {
+        match self.handles.lock().get(&fh.0) {
+            Some(Handle::File { node, flags }) => Ok((Arc::clone(node), *flags)),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    fn entry(&self, inode: &Inode, reply: ReplyEntry) {
+        reply.entry(&TTL, &self.attr(inode), Generation(0));
+    }
+}
+
+fn owner(req: &Request) -> Owner {
+    Owner { uid: req.uid(), gid: req.gid() }
+}
+
+impl Filesystem for KuraFuse {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name.as_bytes()) {
+            Ok(Some(e)) => match self.fs.getattr(e.ino) {
+                Ok(inode) => self.entry(&inode, reply),
+                Err(e) => reply.error(errno(e)),
+            },
+            Ok(None) => reply.error(Errno::ENOENT),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(inode) => reply.attr(&TTL, &self.attr(&inode)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let attr = SetAttr { mode, uid, gid, size, atime_ns: atime.map(ns_of), mtime_ns: mtime.map(ns_of) };
+        match self.fs.setattr(ino.0, attr) {
+            Ok(inode) => reply.attr(&TTL, &self.attr(&inode)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        match self.fs.create(parent.0, name.as_bytes(), mode & !(umask & 0o777), rdev, b"", owner(req), true) {
+            Ok((inode, _)) => self.entry(&inode, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        match self.fs.mkdir(parent.0, name.as_bytes(), mode & !umask & 0o7777, owner(req)) {
+            Ok(inode) => self.entry(&inode, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        match self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), owner(req)) {
+            Ok(inode) => self.entry(&inode, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: fuser::RenameFlags, reply: ReplyEmpty) {
+        let rf = RenameFlags { noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE), exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE) };
+        match self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), rf) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        match self.fs.link(ino.0, newparent.0, newname.as_bytes()) {
+            Ok(inode) => self.entry(&inode, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(inode) if file_type(inode.mode) == libc::S_IFREG => {
+                let node = self.fs.open_node(&inode);
+                let fh = self.add_handle(Handle::File { node, flags: flags.0 });
+                reply.opened(fh, FopenFlags::empty());
+            }
+            Ok(_) => reply.error(Errno::from_i32(libc::ENXIO)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
+        let (node, flags) = match self.node(fh) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let mut buf = vec![0u8; size as usize];
+        let read = if flags & libc::O_DIRECT != 0 { self.fs.read_direct(&node, offset, &mut buf) } else { self.fs.read(&node, offset, &mut buf) };
+        match read {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, data: &[u8], _wf: WriteFlags, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyWrite) {
+        let (node, flags) = match self.node(fh) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let mode = match (flags & libc::O_DIRECT != 0, flags & libc::O_DSYNC != 0) {
+            (false, false) => WriteMode::Buffered,
+            (false, true) => WriteMode::Sync,
+            (true, false) => WriteMode::Direct,
+            (true, true) => WriteMode::DirectSync,
+        };
+        match self.fs.write(&node, offset, data, mode) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
+        // close(): make the data visible to other processes of the pool.
+        match self.node(fh) {
+            Ok((node, _)) => match self.fs.writeback(&node) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+            Err(_) => reply.ok(),
+        }
+    }
+
+    fn release(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        match self.handles.lock().remove(&fh.0) {
+            Some(Handle::File { node, .. }) => match self.fs.release(&node) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+            _ => reply.ok(),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.node(fh) {
+            Ok((node, _)) => match self.fs.fsync(&node) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let listing = self.fs.getattr(ino.0).and_then(|dir| {
+            if file_type(dir.mode) != libc::S_IFDIR {
+                return Err(FsError::NotDir);
+            }
+            let mut entries = vec![
+                DirEntry { name: b".".to_vec(), ino: ino.0, dtype: libc::DT_DIR },
+                DirEntry { name: b"..".to_vec(), ino: dir.parent.max(1), dtype: libc::DT_DIR },
+            ];
+            entries.extend(self.fs.readdir(ino.0)?);
+            Ok(entries)
+        });
+        match listing {
+            Ok(entries) => reply.opened(self.add_handle(Handle::Dir { entries }), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let handles = self.handles.lock();
+        let Some(Handle::Dir { entries }) = handles.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(e.ino), (i + 1) as u64, dtype_kind(e.dtype), OsStr::from_bytes(&e.name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.handles.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.fs.kv().flush() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namelen as u32, s.f_frsize as u32);
+    }
+
+    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.getattr(ino.0) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let kind = if file_type(mode) == 0 { libc::S_IFREG } else { file_type(mode) };
+        let created = self.fs.create(parent.0, name.as_bytes(), kind | (mode & 0o7777 & !umask), 0, b"", owner(req), flags & libc::O_EXCL != 0);
+        match created {
+            Ok((inode, _)) => {
+                let node = self.fs.open_node(&inode);
+                let fh = self.add_handle(Handle::File { node, flags });
+                reply.created(&TTL, &self.attr(&inode), Generation(0), fh, FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        if mode != 0 {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        let end = offset.saturating_add(length);
+        let size = match self.node(fh) {
+            Ok((node, _)) => node.size(),
+            Err(e) => return reply.error(e),
+        };
+        if end <= size {
+            return reply.ok();
+        }
+        match self.fs.setattr(ino.0, SetAttr { size: Some(end), ..SetAttr::default() }) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+/// Mounts `fs` at `mountpoint` and serves it until unmounted.
+pub fn mount(fs: Arc<Fs>, mountpoint: &Path, allow_other: bool) -> std::io::Result<()> {
+    let mut config = Config::default();
+    config.mount_options = vec![MountOption::FSName("kura".into()), MountOption::Subtype("kura".into()), MountOption::DefaultPermissions];
+    if allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(FUSE_THREADS);
+    fuser::mount(KuraFuse::new(fs), mountpoint, &config)
+}

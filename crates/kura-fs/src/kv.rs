@@ -1,0 +1,382 @@
+//! The file system's view of the pool: versioned gets and compare-and-swap writes for
+//! metadata, plain batched gets/sets/deletes for data chunks, and a durability barrier.
+//!
+//! [`PoolKv`] implements it over `kura_pool`: data goes through the calling thread's own pool
+//! [`Context`] (the paper's per-thread channel; requests of one call leave together). The
+//! pool has no compare-and-swap yet, so CAS goes to the engine directly for an embedded pool
+//! and, for memcached-protocol nodes (`kura serve`, memcached), over a small meta-protocol
+//! connection of this thread to the node the pool places the key on (`mg k v c`,
+//! `ms k n C<cas>`, `ms k n ME`, `md k C<cas>`). When the pool gains versioned get and CAS
+//! set/delete, [`PoolKv`]'s CAS half becomes three calls on the context.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kura_engine::{Condition, Engine, RecordKind, WriteOutcome};
+use kura_pool::{Backend, Context, Outcome, Pool};
+
+use crate::error::{FsError, Result, is_out_of_space};
+
+/// When a conditional write proceeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cond {
+    Always,
+    /// Only if the key has no value.
+    Absent,
+    /// Only if the key's value has this version.
+    Version(u64),
+}
+
+/// What the file system needs from a key-value store.
+pub trait Kv: Send + Sync {
+    /// The value and its version (a CAS token).
+    fn get_versioned(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>>;
+    /// Writes when `cond` holds: `Some(new version)`, or `None` when it did not hold.
+    fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>>;
+    /// Deletes when `cond` holds (`Always`: whether or not it existed); `false` when it did not.
+    fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool>;
+    /// Gets many data values at once (one result per key, in order).
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>>;
+    /// Gets one data value into `out` (cleared first); `false` when absent.
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
+    fn set_many(&self, items: &[(Vec<u8>, Vec<u8>)]) -> Result<()>;
+    fn delete_many(&self, keys: &[Vec<u8>]) -> Result<()>;
+    /// A durability barrier over every write acknowledged before it.
+    fn flush(&self) -> Result<()>;
+}
+
+/// How long a metadata connection waits to connect, and for an answer.
+const META_CONNECT_TIMEOUT_MS: u64 = 1000;
+const META_IO_TIMEOUT_MS: u64 = 5000;
+/// Largest value a metadata reply may carry (a directory bucket or inode).
+const META_VALUE_BYTES_MAX: usize = 1 << 20;
+
+/// Distinguishes pools, for the per-thread state.
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's pool context (per pool), and the process it was made in: after `fork` a
+    /// child must not use its parent's connections.
+    static CONTEXTS: RefCell<Vec<(u64, u32, Context)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's metadata connections, per node address.
+    static META_CONNS: RefCell<HashMap<String, (u32, MetaConn)>> = RefCell::new(HashMap::new());
+}
+
+/// [`Kv`] over a `kura_pool` pool (see the module documentation).
+pub struct PoolKv {
+    pool: Pool,
+    id: u64,
+    engine: Option<Engine>,
+}
+
+impl PoolKv {
+    pub fn new(pool: Pool) -> Result<Self> {
+        let engine = pool.engine().cloned();
+        if engine.is_none() {
+            for node in &pool.config().nodes {
+                if !matches!(node.backend, Backend::Kura | Backend::Memcached) {
+                    return Err(FsError::Io(format!(
+                        "the file system needs compare-and-swap, which kura_pool does not offer yet; \
+                         it speaks it itself only to kura and memcached nodes, not {:?}",
+                        node.backend
+                    )));
+                }
+            }
+        }
+        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Runs `f` with this thread's context (made on first use, and again after a fork; a
+    /// temporary one while the thread's locals are being destroyed, e.g. in exit handlers).
+    fn with_context<T>(&self, f: impl FnOnce(&mut Context) -> Result<T>) -> Result<T> {
+        let pid = std::process::id();
+        let mut f = Some(f);
+        let cached = CONTEXTS.try_with(|cell| {
+            let mut contexts = cell.borrow_mut();
+            contexts.retain(|(_, p, _)| *p == pid);
+            let at = match contexts.iter().position(|(id, _, _)| *id == self.id) {
+                Some(at) => at,
+                None => {
+                    contexts.push((self.id, pid, self.pool.context()?));
+                    contexts.len() - 1
+                }
+            };
+            (f.take().expect("called once"))(&mut contexts[at].2)
+        });
+        match cached {
+            Ok(result) => result,
+            Err(_) => (f.take().expect("not called"))(&mut self.pool.context()?),
+        }
+    }
+
+    fn with_meta<T>(&self, key: &[u8], f: impl FnOnce(&mut MetaConn) -> Result<T>) -> Result<T> {
+        let addr = self.pool.node_of(key).addrs[0].clone();
+        let pid = std::process::id();
+        let mut f = Some(f);
+        let cached = META_CONNS.try_with(|cell| {
+            let mut conns = cell.borrow_mut();
+            if conns.get(&addr).is_some_and(|(p, _)| *p != pid) {
+                // Inherited across fork: the parent owns that socket's stream; closing our
+                // copy of the descriptor does not disturb it.
+                conns.remove(&addr);
+            }
+            if !conns.contains_key(&addr) {
+                conns.insert(addr.clone(), (pid, MetaConn::connect(&addr)?));
+            }
+            let result = (f.take().expect("called once"))(&mut conns.get_mut(&addr).expect("inserted").1);
+            if matches!(result, Err(FsError::Io(_))) {
+                conns.remove(&addr);
+            }
+            result
+        });
+        match cached {
+            Ok(result) => result,
+            Err(_) => (f.take().expect("not called"))(&mut MetaConn::connect(&addr)?),
+        }
+    }
+}
+
+fn engine_cond(cond: Cond) -> Condition {
+    match cond {
+        Cond::Always => Condition::Always,
+        Cond::Absent => Condition::IfAbsent,
+        Cond::Version(v) => Condition::IfVersion(v),
+    }
+}
+
+impl Kv for PoolKv {
+    fn get_versioned(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
+        match &self.engine {
+            Some(engine) => Ok(engine.get(key)?.map(|item| {
+                let version = item.version;
+                (item.into_vec(), version)
+            })),
+            None => self.with_meta(key, |c| c.get(key)),
+        }
+    }
+
+    fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
+        match &self.engine {
+            Some(engine) => match engine.write(key, value, RecordKind::Put, engine_cond(cond))? {
+                WriteOutcome::Written { version } => Ok(Some(version)),
+                WriteOutcome::ConditionFailed { .. } => Ok(None),
+            },
+            None => self.with_meta(key, |c| c.set(key, value, cond)),
+        }
+    }
+
+    fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool> {
+        match &self.engine {
+            Some(engine) => {
+                if cond == Cond::Always {
+                    engine.delete(key)?;
+                    return Ok(true);
+                }
+                Ok(matches!(engine.write(key, &[], RecordKind::Tombstone, engine_cond(cond))?, WriteOutcome::Written { .. }))
+            }
+            None => self.with_meta(key, |c| c.delete(key, cond)),
+        }
+    }
+
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let results = self.with_context(|ctx| Ok(ctx.get_many(keys)?))?;
+        results.into_iter().map(|r| r.map_err(FsError::from)).collect()
+    }
+
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        out.clear();
+        if let Some(engine) = &self.engine {
+            return Ok(match engine.get(key)? {
+                Some(item) => {
+                    out.extend_from_slice(item.value());
+                    true
+                }
+                None => false,
+            });
+        }
+        self.with_context(|ctx| {
+            let mut found = Ok(false);
+            ctx.submit_get(key, 0)?;
+            while ctx.in_flight() > 0 {
+                ctx.poll(None, &mut |c| {
+                    found = match c.result {
+                        Ok(Outcome::Value(v)) => {
+                            out.extend_from_slice(v);
+                            Ok(true)
+                        }
+                        Ok(_) => Ok(false),
+                        Err(e) => Err(FsError::from(e)),
+                    }
+                })?;
+            }
+            found
+        })
+    }
+
+    fn set_many(&self, items: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        self.with_context(|ctx| Ok(ctx.set_many(items)?))
+    }
+
+    fn delete_many(&self, keys: &[Vec<u8>]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if let Some(engine) = &self.engine {
+            for key in keys {
+                engine.delete(key)?;
+            }
+            return Ok(());
+        }
+        self.with_context(|ctx| {
+            let mut first_error = None;
+            let mut next = 0;
+            while next < keys.len() || ctx.in_flight() > 0 {
+                while next < keys.len() && ctx.in_flight() < DELETE_WINDOW {
+                    ctx.submit_delete(&keys[next], next as u64)?;
+                    next += 1;
+                }
+                ctx.poll(None, &mut |c| {
+                    if let Err(e) = c.result {
+                        first_error.get_or_insert(e);
+                    }
+                })?;
+            }
+            first_error.map_or(Ok(()), |e| Err(e.into()))
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.with_context(|ctx| Ok(ctx.flush()?))
+    }
+}
+
+/// Deletes one call keeps in flight.
+const DELETE_WINDOW: usize = 256;
+
+/// One blocking memcached meta-protocol connection, for compare-and-swap.
+struct MetaConn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    line: String,
+    node: String,
+}
+
+impl MetaConn {
+    fn connect(addr: &str) -> Result<Self> {
+        let io = |e: std::io::Error| FsError::Io(format!("{addr}: {e}"));
+        let mut last = None;
+        for sa in addr.to_socket_addrs().map_err(io)? {
+            match TcpStream::connect_timeout(&sa, Duration::from_millis(META_CONNECT_TIMEOUT_MS)) {
+                Ok(stream) => {
+                    stream.set_nodelay(true).map_err(io)?;
+                    stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+                    stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+                    let writer = stream.try_clone().map_err(io)?;
+                    return Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned() });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(io(last.unwrap_or_else(|| std::io::Error::other("no address"))))
+    }
+
+    fn io(&self, e: std::io::Error) -> FsError {
+        FsError::Io(format!("{}: {e}", self.node))
+    }
+
+    fn send(&mut self, head: &[u8], body: Option<&[u8]>) -> Result<()> {
+        let mut msg = Vec::with_capacity(head.len() + body.map_or(0, |b| b.len() + 2));
+        msg.extend_from_slice(head);
+        if let Some(body) = body {
+            msg.extend_from_slice(body);
+            msg.extend_from_slice(b"\r\n");
+        }
+        self.writer.write_all(&msg).map_err(|e| self.io(e))
+    }
+
+    fn read_line(&mut self) -> Result<&str> {
+        self.line.clear();
+        let n = self.reader.read_line(&mut self.line).map_err(|e| FsError::Io(format!("{}: {e}", self.node)))?;
+        if n == 0 || !self.line.ends_with("\r\n") {
+            return Err(FsError::Io(format!("{}: connection closed", self.node)));
+        }
+        let line = self.line.trim_end();
+        if line.starts_with("SERVER_ERROR") || line.starts_with("CLIENT_ERROR") || line == "ERROR" {
+            return Err(if is_out_of_space(line) { FsError::NoSpace } else { FsError::Io(format!("{}: {line}", self.node)) });
+        }
+        Ok(line)
+    }
+
+    fn get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
+        self.send(&[b"mg ", key, b" v c\r\n"].concat(), None)?;
+        let line = self.read_line()?.to_owned();
+        if line == "EN" {
+            return Ok(None);
+        }
+        let mut words = line.split(' ');
+        let (Some("VA"), Some(len)) = (words.next(), words.next()) else {
+            return Err(FsError::Io(format!("{}: unexpected reply {line:?}", self.node)));
+        };
+        let len: usize = len.parse().map_err(|_| FsError::Io(format!("{}: bad length in {line:?}", self.node)))?;
+        if len > META_VALUE_BYTES_MAX {
+            return Err(FsError::Io(format!("{}: value of {len} bytes", self.node)));
+        }
+        let cas = cas_flag(words).ok_or_else(|| FsError::Io(format!("{}: no cas in {line:?}", self.node)))?;
+        let mut value = vec![0u8; len + 2];
+        self.reader.read_exact(&mut value).map_err(|e| FsError::Io(format!("{}: {e}", self.node)))?;
+        value.truncate(len);
+        Ok(Some((value, cas)))
+    }
+
+    fn set(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
+        let flags = match cond {
+            Cond::Always => String::new(),
+            Cond::Absent => " ME".to_owned(),
+            Cond::Version(v) => format!(" C{v}"),
+        };
+        let head = [b"ms ", key, format!(" {}{flags} c\r\n", value.len()).as_bytes()].concat();
+        self.send(&head, Some(value))?;
+        let line = self.read_line()?.to_owned();
+        match line.split(' ').next() {
+            Some("HD") => {
+                let cas = cas_flag(line.split(' ').skip(1)).ok_or_else(|| FsError::Io(format!("no cas in {line:?}")))?;
+                Ok(Some(cas))
+            }
+            Some("NS" | "EX" | "NF") => Ok(None),
+            _ => Err(FsError::Io(format!("{}: unexpected reply {line:?}", self.node))),
+        }
+    }
+
+    fn delete(&mut self, key: &[u8], cond: Cond) -> Result<bool> {
+        let flags = match cond {
+            Cond::Version(v) => format!(" C{v}"),
+            _ => String::new(),
+        };
+        self.send(&[b"md ", key, flags.as_bytes(), b"\r\n"].concat(), None)?;
+        let line = self.read_line()?.to_owned();
+        match line.as_str() {
+            "HD" => Ok(true),
+            "NF" => Ok(cond == Cond::Always),
+            "EX" => Ok(false),
+            _ => Err(FsError::Io(format!("{}: unexpected reply {line:?}", self.node))),
+        }
+    }
+}
+
+fn cas_flag<'a>(mut words: impl Iterator<Item = &'a str>) -> Option<u64> {
+    words.find_map(|w| w.strip_prefix('c').and_then(|v| v.parse().ok()))
+}

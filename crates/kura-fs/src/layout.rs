@@ -1,0 +1,371 @@
+//! The file system's layout in the pool, in one place: every key and every record.
+//!
+//! ```text
+//! kfs/<fs>/sb                      superblock: magic, format version, chunk size
+//! kfs/<fs>/next                    the next unallocated inode number (processes take ranges by CAS)
+//! kfs/<fs>/i/<ino:x>               inode: mode, nlink, uid, gid, size, times, parent, generation, symlink target
+//! kfs/<fs>/d/<ino:x>/<bucket:x>    one of a directory's DIR_BUCKETS hash buckets of entries (name, ino, type)
+//! kfs/<fs>/c/<ino:x>/<index:x>     chunk `index` of a file's data (chunk_size bytes; shorter at EOF; absent = zeros)
+//! ```
+//!
+//! Keys are ASCII (safe on every backend, memcached's text protocol included). Records are
+//! little-endian with fixed-width fields and a magic byte; the pool's backends checksum values.
+//! Every metadata record is changed only by compare-and-swap on its version, so concurrent
+//! processes never lose each other's updates.
+
+use crate::error::{FsError, Result};
+
+/// Chunk size of a new file system when none is given.
+pub const CHUNK_SIZE_BYTES_DEFAULT: u32 = 4096;
+/// Chunks are between these sizes (a chunk is one pool value).
+pub const CHUNK_SIZE_BYTES_MIN: u32 = 512;
+pub const CHUNK_SIZE_BYTES_MAX: u32 = 512 << 10;
+/// Hash buckets per directory: a lookup reads one, a listing reads all (in one batch).
+pub const DIR_BUCKETS: u32 = 16;
+/// POSIX NAME_MAX.
+pub const NAME_BYTES_MAX: usize = 255;
+/// Longest symbolic link target (PATH_MAX).
+pub const SYMLINK_BYTES_MAX: usize = 4095;
+/// Largest file: chunk indexes stay well inside u64 and sizes inside i64 (off_t).
+pub const FILE_SIZE_BYTES_MAX: u64 = 1 << 50;
+/// Longest file system name (it is part of every key).
+pub const FS_NAME_BYTES_MAX: usize = 64;
+/// Inode numbers a process takes from `next` at once.
+pub const INO_BATCH: u64 = 1024;
+/// The root directory's inode number.
+pub const ROOT_INO: u64 = 1;
+/// Hard links to one inode, at most.
+pub const NLINK_MAX: u32 = 65_000;
+
+const SUPERBLOCK_MAGIC: u32 = 0x6b75_7246; // "Fruk"
+const FORMAT_VERSION: u32 = 1;
+const INODE_MAGIC: u8 = 0xa1;
+const BUCKET_MAGIC: u8 = 0xb2;
+/// Fixed part of an encoded inode.
+const INODE_FIXED_BYTES: usize = 1 + 4 * 5 + 8 * 7 + 2;
+const _: () = assert!(INODE_FIXED_BYTES == 79);
+const _: () = assert!(CHUNK_SIZE_BYTES_DEFAULT >= CHUNK_SIZE_BYTES_MIN && CHUNK_SIZE_BYTES_DEFAULT <= CHUNK_SIZE_BYTES_MAX);
+const _: () = assert!(DIR_BUCKETS.is_power_of_two());
+
+/// Builds the keys of one file system.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(fs_name: &str) -> Result<Self> {
+        let ok = !fs_name.is_empty()
+            && fs_name.len() <= FS_NAME_BYTES_MAX
+            && fs_name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !ok {
+            return Err(FsError::Invalid);
+        }
+        Ok(Self { prefix: format!("kfs/{fs_name}/") })
+    }
+
+    pub fn superblock(&self) -> Vec<u8> {
+        format!("{}sb", self.prefix).into_bytes()
+    }
+
+    pub fn next_ino(&self) -> Vec<u8> {
+        format!("{}next", self.prefix).into_bytes()
+    }
+
+    pub fn inode(&self, ino: u64) -> Vec<u8> {
+        format!("{}i/{ino:x}", self.prefix).into_bytes()
+    }
+
+    pub fn bucket(&self, dir: u64, bucket: u32) -> Vec<u8> {
+        format!("{}d/{dir:x}/{bucket:x}", self.prefix).into_bytes()
+    }
+
+    pub fn chunk(&self, ino: u64, index: u64) -> Vec<u8> {
+        format!("{}c/{ino:x}/{index:x}", self.prefix).into_bytes()
+    }
+}
+
+/// The bucket of a directory that holds `name`.
+pub fn bucket_of(name: &[u8]) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64(name) as u32) & (DIR_BUCKETS - 1)
+}
+
+/// Checks a single path component.
+pub fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(FsError::Invalid);
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}
+
+/// The superblock: what must agree between every process using the file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    pub chunk_size_bytes: u32,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(12);
+        out.extend_from_slice(&SUPERBLOCK_MAGIC.to_le_bytes());
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.chunk_size_bytes.to_le_bytes());
+        out
+    }
+
+    pub fn decode(key: &[u8], bytes: &[u8]) -> Result<Self> {
+        let corrupt = |why| FsError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), why };
+        if bytes.len() != 12 || u32_at(bytes, 0) != SUPERBLOCK_MAGIC {
+            return Err(corrupt("not a kura file system superblock"));
+        }
+        if u32_at(bytes, 4) != FORMAT_VERSION {
+            return Err(corrupt("unknown format version"));
+        }
+        let chunk_size_bytes = u32_at(bytes, 8);
+        if !(CHUNK_SIZE_BYTES_MIN..=CHUNK_SIZE_BYTES_MAX).contains(&chunk_size_bytes) {
+            return Err(corrupt("chunk size out of range"));
+        }
+        Ok(Self { chunk_size_bytes })
+    }
+}
+
+/// File type bits of a mode (`S_IFMT`).
+pub fn file_type(mode: u32) -> u32 {
+    mode & libc::S_IFMT
+}
+
+pub fn is_dir(mode: u32) -> bool {
+    file_type(mode) == libc::S_IFDIR
+}
+
+/// The `d_type` of a directory entry for `mode`.
+pub fn dtype_of(mode: u32) -> u8 {
+    match file_type(mode) {
+        libc::S_IFDIR => libc::DT_DIR,
+        libc::S_IFREG => libc::DT_REG,
+        libc::S_IFLNK => libc::DT_LNK,
+        libc::S_IFIFO => libc::DT_FIFO,
+        libc::S_IFSOCK => libc::DT_SOCK,
+        libc::S_IFCHR => libc::DT_CHR,
+        libc::S_IFBLK => libc::DT_BLK,
+        _ => libc::DT_UNKNOWN,
+    }
+}
+
+/// An inode record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inode {
+    pub ino: u64,
+    /// Type and permission bits (`st_mode`).
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// Directories: the parent directory (for `..`); others: 0.
+    pub parent: u64,
+    /// Bumped whenever a process changes the file's data in the pool, so other processes know
+    /// their cached pages are stale (close-to-open consistency).
+    pub generation: u64,
+    /// Symbolic links: the target.
+    pub target: Vec<u8>,
+}
+
+impl Inode {
+    pub fn new(ino: u64, mode: u32, uid: u32, gid: u32, now_ns: i64) -> Self {
+        Self {
+            ino,
+            mode,
+            nlink: if is_dir(mode) { 2 } else { 1 },
+            uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            atime_ns: now_ns,
+            mtime_ns: now_ns,
+            ctime_ns: now_ns,
+            parent: 0,
+            generation: 0,
+            target: Vec::new(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.target.len() <= SYMLINK_BYTES_MAX, "symlink target checked at entry");
+        let mut out = Vec::with_capacity(INODE_FIXED_BYTES + self.target.len());
+        out.push(INODE_MAGIC);
+        for v in [self.mode, self.nlink, self.uid, self.gid, self.rdev] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [self.size, self.atime_ns as u64, self.mtime_ns as u64, self.ctime_ns as u64, self.parent, self.generation, self.ino] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.target.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.target);
+        debug_assert_eq!(Inode::decode(b"", &out).as_ref(), Ok(self));
+        out
+    }
+
+    pub fn decode(key: &[u8], b: &[u8]) -> Result<Self> {
+        let corrupt = |why| FsError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), why };
+        if b.len() < INODE_FIXED_BYTES || b[0] != INODE_MAGIC {
+            return Err(corrupt("not an inode"));
+        }
+        let target_len = u16::from_le_bytes([b[INODE_FIXED_BYTES - 2], b[INODE_FIXED_BYTES - 1]]) as usize;
+        if b.len() != INODE_FIXED_BYTES + target_len {
+            return Err(corrupt("inode length does not match its symlink target"));
+        }
+        let w = |i: usize| u32_at(b, 1 + 4 * i);
+        let q = |i: usize| u64_at(b, 21 + 8 * i);
+        Ok(Self {
+            mode: w(0),
+            nlink: w(1),
+            uid: w(2),
+            gid: w(3),
+            rdev: w(4),
+            size: q(0),
+            atime_ns: q(1) as i64,
+            mtime_ns: q(2) as i64,
+            ctime_ns: q(3) as i64,
+            parent: q(4),
+            generation: q(5),
+            ino: q(6),
+            target: b[INODE_FIXED_BYTES..].to_vec(),
+        })
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub dtype: u8,
+}
+
+/// The entries of one directory bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub entries: Vec<DirEntry>,
+}
+
+impl Bucket {
+    pub fn find(&self, name: &[u8]) -> Option<&DirEntry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+
+    /// Removes `name`, returning its entry.
+    pub fn remove(&mut self, name: &[u8]) -> Option<DirEntry> {
+        let i = self.entries.iter().position(|e| e.name == name)?;
+        Some(self.entries.swap_remove(i))
+    }
+
+    /// Adds or replaces `entry`, returning what it replaced.
+    pub fn upsert(&mut self, entry: DirEntry) -> Option<DirEntry> {
+        match self.entries.iter_mut().find(|e| e.name == entry.name) {
+            Some(slot) => Some(std::mem::replace(slot, entry)),
+            None => {
+                self.entries.push(entry);
+                None
+            }
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + self.entries.iter().map(|e| e.name.len() + 11).sum::<usize>());
+        out.push(BUCKET_MAGIC);
+        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for e in &self.entries {
+            assert!(e.name.len() <= NAME_BYTES_MAX, "names are checked at entry");
+            out.push(e.name.len() as u8);
+            out.extend_from_slice(&e.name);
+            out.extend_from_slice(&e.ino.to_le_bytes());
+            out.push(e.dtype);
+        }
+        out
+    }
+
+    pub fn decode(key: &[u8], b: &[u8]) -> Result<Self> {
+        let corrupt = |why| FsError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), why };
+        if b.len() < 5 || b[0] != BUCKET_MAGIC {
+            return Err(corrupt("not a directory bucket"));
+        }
+        let count = u32_at(b, 1) as usize;
+        let mut entries = Vec::with_capacity(count.min(b.len() / 10));
+        let mut at = 5;
+        for _ in 0..count {
+            let len = *b.get(at).ok_or_else(|| corrupt("truncated bucket"))? as usize;
+            let end = at + 1 + len + 9;
+            if end > b.len() {
+                return Err(corrupt("truncated bucket"));
+            }
+            let name = b[at + 1..at + 1 + len].to_vec();
+            let ino = u64_at(b, at + 1 + len);
+            entries.push(DirEntry { name, ino, dtype: b[end - 1] });
+            at = end;
+        }
+        if at != b.len() {
+            return Err(corrupt("trailing bytes in bucket"));
+        }
+        Ok(Self { entries })
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_round_trips() {
+        let mut inode = Inode::new(77, libc::S_IFLNK | 0o777, 1000, 100, 1_700_000_000_123_456_789);
+        inode.target = b"../x/y".to_vec();
+        inode.size = 6;
+        inode.generation = 9;
+        let bytes = inode.encode();
+        assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
+        assert!(Inode::decode(b"k", &bytes[..bytes.len() - 1]).is_err());
+        assert!(Inode::decode(b"k", b"").is_err());
+    }
+
+    #[test]
+    fn bucket_round_trips_and_rejects_garbage() {
+        let mut b = Bucket::default();
+        assert_eq!(b.upsert(DirEntry { name: b"a".to_vec(), ino: 2, dtype: libc::DT_REG }), None);
+        b.upsert(DirEntry { name: vec![b'z'; 255], ino: 3, dtype: libc::DT_DIR });
+        assert!(b.upsert(DirEntry { name: b"a".to_vec(), ino: 4, dtype: libc::DT_REG }).is_some());
+        let bytes = b.encode();
+        let back = Bucket::decode(b"k", &bytes).unwrap();
+        assert_eq!(back, b);
+        assert_eq!(back.find(b"a").unwrap().ino, 4);
+        for cut in 0..bytes.len() {
+            assert!(Bucket::decode(b"k", &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn names_and_keys() {
+        assert!(check_name(b"ok").is_ok());
+        assert_eq!(check_name(&[b'a'; 256]), Err(FsError::NameTooLong));
+        assert_eq!(check_name(b"a/b"), Err(FsError::Invalid));
+        assert_eq!(check_name(b".."), Err(FsError::Invalid));
+        let k = Keys::new("default").unwrap();
+        assert_eq!(k.chunk(255, 16), b"kfs/default/c/ff/10");
+        assert!(Keys::new("bad name").is_err());
+        assert!(bucket_of(b"x") < DIR_BUCKETS);
+    }
+}

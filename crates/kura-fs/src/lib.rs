@@ -1,0 +1,147 @@
+//! kura's POSIX file system on the pool (paper 004's EvFS, with its namespace in the pool so
+//! that many processes and hosts share it).
+//!
+//! * [`layout`]: every key and record — inodes, directory buckets, data chunks.
+//! * [`kv`]: the small store interface the file system needs (versioned get, CAS put/delete,
+//!   batched data get/set/delete, flush) and [`PoolKv`], its implementation over `kura_pool`.
+//! * [`ns`]: namespace operations, each change a compare-and-swap.
+//! * [`cache`]: the user-level page cache — a memory limit, a dirty threshold (20 % by
+//!   default) written back by a background worker, writers waiting when memory is full,
+//!   `O_DIRECT` around it, `O_SYNC` through it, `fsync` as a barrier.
+//! * [`path`]: path resolution (symlinks, `..`, mount prefix).
+//! * [`fuse`]: the same namespace through the kernel (`kura fs mount`).
+//!
+//! Consistency between processes is close-to-open (as NFS): a process's buffered writes
+//! reach the pool at the latest when it closes the file, calls `fsync`, forks, execs or exits;
+//! a process opening a file sees what was written back before. Metadata (names, links,
+//! attributes) is never cached: every change is a CAS on the pool's record.
+
+pub mod cache;
+pub mod error;
+pub mod fuse;
+pub mod kv;
+pub mod layout;
+pub mod ns;
+pub mod path;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use cache::{Node, WriteMode};
+pub use error::{FsError, Result};
+pub use kv::{Cond, Kv, PoolKv};
+pub use layout::{DirEntry, Inode, ROOT_INO};
+pub use ns::{Owner, RenameFlags, SetAttr};
+
+/// Page cache size when none is given.
+pub const CACHE_BYTES_DEFAULT: u64 = 256 << 20;
+/// Dirty share of the cache above which write-back starts (the paper's 20 %).
+pub const DIRTY_PERCENT_DEFAULT: u32 = 20;
+/// Dirty data older than this is written back even below the threshold.
+pub const WRITEBACK_INTERVAL_MS_DEFAULT: u64 = 5000;
+/// Pages read ahead on a sequential read miss.
+pub const READAHEAD_PAGES_DEFAULT: u32 = 32;
+/// The smallest cache accepted (a few pages per thread would deadlock writers).
+pub const CACHE_BYTES_MIN: u64 = 1 << 20;
+
+/// How one process uses a file system.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    /// The file system's name in the pool (several can share one pool).
+    pub name: String,
+    /// Chunk size of a new file system (an existing one keeps its own).
+    pub chunk_size_bytes: u32,
+    /// Page cache memory limit.
+    pub cache_bytes_max: u64,
+    /// Dirty share (percent of the cache) that starts write-back.
+    pub dirty_percent: u32,
+    pub writeback_interval_ms: u64,
+    pub readahead_pages: u32,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        Self {
+            name: "default".to_owned(),
+            chunk_size_bytes: layout::CHUNK_SIZE_BYTES_DEFAULT,
+            cache_bytes_max: CACHE_BYTES_DEFAULT,
+            dirty_percent: DIRTY_PERCENT_DEFAULT,
+            writeback_interval_ms: WRITEBACK_INTERVAL_MS_DEFAULT,
+            readahead_pages: READAHEAD_PAGES_DEFAULT,
+        }
+    }
+}
+
+/// This process's range of inode numbers (taken from the pool's counter).
+#[derive(Debug, Default)]
+pub(crate) struct InoRange {
+    pub pid: u32,
+    pub next: u64,
+    pub end: u64,
+}
+
+/// One process's handle on a file system in the pool. Cheap to share (`Arc`); every method
+/// takes `&self` and is safe from many threads.
+pub struct Fs {
+    pub(crate) kv: Arc<dyn Kv>,
+    pub(crate) keys: layout::Keys,
+    /// Chunk (and cache page) size.
+    pub(crate) chunk: usize,
+    pub(crate) config: FsConfig,
+    pub(crate) inos: Mutex<InoRange>,
+    /// Inodes this process has open or cached pages of.
+    pub(crate) nodes: Mutex<HashMap<u64, Arc<Node>>>,
+    pub(crate) cache: cache::CacheState,
+    /// This file system itself, for the write-back worker it starts.
+    pub(crate) me: std::sync::Weak<Fs>,
+}
+
+impl Fs {
+    /// Opens the file system `config.name` in `kv`, formatting it when the pool has none.
+    pub fn open(kv: Arc<dyn Kv>, config: FsConfig, owner: Owner) -> Result<Arc<Self>> {
+        let keys = layout::Keys::new(&config.name)?;
+        let sb_key = keys.superblock();
+        let wanted = layout::Superblock { chunk_size_bytes: config.chunk_size_bytes };
+        if !(layout::CHUNK_SIZE_BYTES_MIN..=layout::CHUNK_SIZE_BYTES_MAX).contains(&wanted.chunk_size_bytes) {
+            return Err(FsError::Invalid);
+        }
+        if config.cache_bytes_max < CACHE_BYTES_MIN || !(1..=100).contains(&config.dirty_percent) {
+            return Err(FsError::Invalid);
+        }
+        let sb = match kv.get_versioned(&sb_key)? {
+            Some((bytes, _)) => layout::Superblock::decode(&sb_key, &bytes)?,
+            None => {
+                kv.put_cond(&sb_key, &wanted.encode(), Cond::Absent)?;
+                let (bytes, _) = kv.get_versioned(&sb_key)?.ok_or_else(|| FsError::Io("superblock vanished".into()))?;
+                layout::Superblock::decode(&sb_key, &bytes)?
+            }
+        };
+        let chunk = sb.chunk_size_bytes as usize;
+        let fs = Arc::new_cyclic(|me| Self {
+            cache: cache::CacheState::new(&config, chunk),
+            kv,
+            keys,
+            chunk,
+            config,
+            inos: Mutex::new(InoRange::default()),
+            nodes: Mutex::new(HashMap::new()),
+            me: me.clone(),
+        });
+        fs.format_if_new(owner)?;
+        Ok(fs)
+    }
+
+    pub fn chunk_size_bytes(&self) -> usize {
+        self.chunk
+    }
+
+    pub fn config(&self) -> &FsConfig {
+        &self.config
+    }
+
+    pub fn kv(&self) -> &Arc<dyn Kv> {
+        &self.kv
+    }
+}

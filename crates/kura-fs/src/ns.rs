@@ -1,0 +1,590 @@
+//! The namespace: inodes and directory entries, every change a compare-and-swap on one record
+//! so that processes (and hosts) sharing the pool never corrupt it.
+//!
+//! Ordering makes every intermediate state safe: a new inode is written before the entry that
+//! names it (a crash leaves at worst an unreferenced inode, never an entry without its inode);
+//! an entry is removed before its inode's link count drops; `rename` first points the new name
+//! at the inode (atomically replacing any target, so the target name never disappears) and then
+//! removes the old name.
+
+use std::sync::Arc;
+
+use crate::Fs;
+use crate::error::{FsError, Result};
+use crate::kv::Cond;
+use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, SYMLINK_BYTES_MAX, bucket_of, check_name, dtype_of, file_type, is_dir};
+
+/// CAS retries of one record before the operation gives up with `EIO` (contention this high
+/// means something is wrong).
+const CAS_RETRIES_MAX: u32 = 10_000;
+/// Times `rename` starts over when its target changed between its checks and its CAS.
+const RENAME_RETRIES_MAX: u32 = 1000;
+const RENAME_RACE: &str = "rename target changed concurrently";
+/// Directory levels `rename` walks up to refuse moving a directory into itself.
+const DEPTH_MAX: usize = 4096;
+
+/// Attribute changes (`chmod`, `chown`, `truncate`, `utimensat`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    /// Permission bits (the type bits are kept).
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime_ns: Option<i64>,
+    pub mtime_ns: Option<i64>,
+}
+
+/// Who creates a file.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `renameat2` flags.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+pub fn now_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+impl Fs {
+    /// Reads an inode record and its version.
+    pub(crate) fn load_inode(&self, ino: u64) -> Result<(Inode, u64)> {
+        let key = self.keys.inode(ino);
+        match self.kv.get_versioned(&key)? {
+            Some((bytes, version)) => Ok((Inode::decode(&key, &bytes)?, version)),
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    /// Applies `change` to an inode by compare-and-swap, retrying on conflict.
+    pub(crate) fn update_inode(&self, ino: u64, mut change: impl FnMut(&mut Inode) -> Result<()>) -> Result<Inode> {
+        let key = self.keys.inode(ino);
+        for _ in 0..CAS_RETRIES_MAX {
+            let (mut inode, version) = self.load_inode(ino)?;
+            change(&mut inode)?;
+            if self.kv.put_cond(&key, &inode.encode(), Cond::Version(version))?.is_some() {
+                return Ok(inode);
+            }
+        }
+        Err(FsError::Io(format!("inode {ino}: too much contention")))
+    }
+
+    fn load_bucket(&self, dir: u64, bucket: u32) -> Result<(Bucket, Option<u64>)> {
+        let key = self.keys.bucket(dir, bucket);
+        match self.kv.get_versioned(&key)? {
+            Some((bytes, version)) => Ok((Bucket::decode(&key, &bytes)?, Some(version))),
+            None => Ok((Bucket::default(), None)),
+        }
+    }
+
+    /// Applies `change` to the bucket of `dir` holding `name` by compare-and-swap.
+    fn update_bucket<T>(&self, dir: u64, name: &[u8], mut change: impl FnMut(&mut Bucket) -> Result<T>) -> Result<T> {
+        let bucket = bucket_of(name);
+        let key = self.keys.bucket(dir, bucket);
+        for _ in 0..CAS_RETRIES_MAX {
+            let (mut entries, version) = self.load_bucket(dir, bucket)?;
+            let out = change(&mut entries)?;
+            let cond = version.map_or(Cond::Absent, Cond::Version);
+            let done = if entries.entries.is_empty() && version.is_some() {
+                self.kv.delete_cond(&key, cond)?
+            } else {
+                self.kv.put_cond(&key, &entries.encode(), cond)?.is_some()
+            };
+            if done {
+                return Ok(out);
+            }
+        }
+        Err(FsError::Io(format!("directory {dir}: too much contention")))
+    }
+
+    /// The entry `name` of directory `dir`.
+    pub fn lookup(&self, dir: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        if name.len() > crate::layout::NAME_BYTES_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let (bucket, _) = self.load_bucket(dir, bucket_of(name))?;
+        Ok(bucket.find(name).cloned())
+    }
+
+    /// Every entry of `dir` (without `.` and `..`), read in one batch.
+    pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
+        let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(dir, b)).collect();
+        let mut out = Vec::new();
+        for (key, value) in keys.iter().zip(self.kv.get_many(&keys)?) {
+            if let Some(bytes) = value {
+                out.extend(Bucket::decode(key, &bytes)?.entries);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The inode as this process sees it: the pool's record, with the size and times of data
+    /// still in this process's cache.
+    pub fn getattr(&self, ino: u64) -> Result<Inode> {
+        let (mut inode, _) = self.load_inode(ino)?;
+        self.overlay_local(&mut inode);
+        Ok(inode)
+    }
+
+    fn dir_inode(&self, dir: u64) -> Result<Inode> {
+        let (inode, _) = self.load_inode(dir)?;
+        if !is_dir(inode.mode) {
+            return Err(FsError::NotDir);
+        }
+        if inode.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        Ok(inode)
+    }
+
+    /// Updates a directory's times (and link count) after its entries changed.
+    fn touch_dir(&self, dir: u64, nlink_delta: i32) -> Result<()> {
+        let now = now_ns();
+        self.update_inode(dir, |d| {
+            d.mtime_ns = now;
+            d.ctime_ns = now;
+            d.nlink = d.nlink.saturating_add_signed(nlink_delta);
+            Ok(())
+        })
+        .map(|_| ())
+    }
+
+    /// Creates `name` in `dir` (any type but directory; `target` for symlinks). With
+    /// `exclusive` an existing name is `EEXIST`; otherwise the existing inode is returned
+    /// (`false`: not created).
+    pub fn create(&self, dir: u64, name: &[u8], mode: u32, rdev: u32, target: &[u8], owner: Owner, exclusive: bool) -> Result<(Inode, bool)> {
+        check_name(name)?;
+        if target.len() > SYMLINK_BYTES_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let parent = self.dir_inode(dir)?;
+        if let Some(existing) = self.lookup(dir, name)? {
+            if exclusive {
+                return Err(FsError::Exists);
+            }
+            return Ok((self.getattr(existing.ino)?, false));
+        }
+        let gid = if parent.mode & libc::S_ISGID != 0 { parent.gid } else { owner.gid };
+        let mut inode = Inode::new(self.allocate_ino()?, mode, owner.uid, gid, now_ns());
+        inode.rdev = rdev;
+        if is_dir(mode) {
+            inode.parent = dir;
+            if parent.mode & libc::S_ISGID != 0 {
+                inode.mode |= libc::S_ISGID;
+            }
+        }
+        if file_type(mode) == libc::S_IFLNK {
+            inode.target = target.to_vec();
+            inode.size = target.len() as u64;
+        }
+        if self.kv.put_cond(&self.keys.inode(inode.ino), &inode.encode(), Cond::Absent)?.is_none() {
+            return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino)));
+        }
+        let entry = DirEntry { name: name.to_vec(), ino: inode.ino, dtype: dtype_of(mode) };
+        let added = self.update_bucket(dir, name, |b| match b.find(name) {
+            Some(e) => Ok(Some(e.clone())),
+            None => {
+                b.upsert(entry.clone());
+                Ok(None)
+            }
+        });
+        match added {
+            Ok(None) => {}
+            Ok(Some(existing)) => {
+                // Another process created it first.
+                self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
+                if exclusive {
+                    return Err(FsError::Exists);
+                }
+                return Ok((self.getattr(existing.ino)?, false));
+            }
+            Err(e) => {
+                self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
+                return Err(e);
+            }
+        }
+        self.touch_dir(dir, if is_dir(mode) { 1 } else { 0 })?;
+        Ok((inode, true))
+    }
+
+    pub fn mkdir(&self, dir: u64, name: &[u8], perm: u32, owner: Owner) -> Result<Inode> {
+        Ok(self.create(dir, name, libc::S_IFDIR | (perm & 0o7777), 0, b"", owner, true)?.0)
+    }
+
+    pub fn symlink(&self, dir: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Inode> {
+        if target.is_empty() {
+            return Err(FsError::NotFound);
+        }
+        Ok(self.create(dir, name, libc::S_IFLNK | 0o777, 0, target, owner, true)?.0)
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let (inode, _) = self.load_inode(ino)?;
+        if file_type(inode.mode) != libc::S_IFLNK {
+            return Err(FsError::Invalid);
+        }
+        Ok(inode.target)
+    }
+
+    /// A hard link `dir/name` to `ino`.
+    pub fn link(&self, ino: u64, dir: u64, name: &[u8]) -> Result<Inode> {
+        check_name(name)?;
+        self.dir_inode(dir)?;
+        let now = now_ns();
+        let inode = self.update_inode(ino, |i| {
+            if is_dir(i.mode) {
+                return Err(FsError::Perm);
+            }
+            if i.nlink == 0 {
+                return Err(FsError::NotFound);
+            }
+            if i.nlink >= NLINK_MAX {
+                return Err(FsError::TooManyLinks);
+            }
+            i.nlink += 1;
+            i.ctime_ns = now;
+            Ok(())
+        })?;
+        let entry = DirEntry { name: name.to_vec(), ino, dtype: dtype_of(inode.mode) };
+        let added = self.update_bucket(dir, name, |b| {
+            if b.find(name).is_some() {
+                return Err(FsError::Exists);
+            }
+            b.upsert(entry.clone());
+            Ok(())
+        });
+        if let Err(e) = added {
+            self.drop_link(ino)?;
+            return Err(e);
+        }
+        self.touch_dir(dir, 0)?;
+        let mut inode = inode;
+        self.overlay_local(&mut inode);
+        Ok(inode)
+    }
+
+    /// Removes the non-directory `dir/name`.
+    pub fn unlink(&self, dir: u64, name: &[u8]) -> Result<()> {
+        let entry = self.lookup(dir, name)?.ok_or(FsError::NotFound)?;
+        if entry.dtype == libc::DT_DIR {
+            return Err(FsError::IsDir);
+        }
+        let removed = self.update_bucket(dir, name, |b| match b.find(name) {
+            Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
+            Some(_) | None => Ok(None),
+        })?;
+        let Some(removed) = removed else {
+            return Err(FsError::NotFound);
+        };
+        self.touch_dir(dir, 0)?;
+        self.drop_link(removed.ino)
+    }
+
+    /// Removes the empty directory `dir/name`.
+    pub fn rmdir(&self, dir: u64, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(FsError::Invalid);
+        }
+        if name == b".." {
+            return Err(FsError::NotEmpty);
+        }
+        let entry = self.lookup(dir, name)?.ok_or(FsError::NotFound)?;
+        if entry.dtype != libc::DT_DIR {
+            return Err(FsError::NotDir);
+        }
+        if !self.readdir(entry.ino)?.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        let removed = self.update_bucket(dir, name, |b| match b.find(name) {
+            Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
+            _ => Ok(None),
+        })?;
+        if removed.is_none() {
+            return Err(FsError::NotFound);
+        }
+        self.touch_dir(dir, -1)?;
+        self.kv.delete_cond(&self.keys.inode(entry.ino), Cond::Always)?;
+        self.forget_node(entry.ino);
+        Ok(())
+    }
+
+    /// One name of `ino` went away: drops its link count and, at zero, its data and record
+    /// (unless this process still has it open: then at the last close).
+    pub(crate) fn drop_link(&self, ino: u64) -> Result<()> {
+        let now = now_ns();
+        let inode = match self.update_inode(ino, |i| {
+            i.nlink = i.nlink.saturating_sub(if is_dir(i.mode) { i.nlink } else { 1 });
+            i.ctime_ns = now;
+            Ok(())
+        }) {
+            Ok(inode) => inode,
+            Err(FsError::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if inode.nlink == 0 && !self.defer_delete_if_open(ino) {
+            self.delete_inode(&inode)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes an unlinked inode's chunks and record.
+    pub(crate) fn delete_inode(&self, inode: &Inode) -> Result<()> {
+        if file_type(inode.mode) == libc::S_IFREG {
+            let chunks = inode.size.div_ceil(self.chunk as u64).max(self.local_chunk_count(inode.ino));
+            let keys: Vec<Vec<u8>> = (0..chunks).map(|i| self.keys.chunk(inode.ino, i)).collect();
+            self.kv.delete_many(&keys)?;
+        }
+        if is_dir(inode.mode) {
+            let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(inode.ino, b)).collect();
+            self.kv.delete_many(&keys)?;
+        }
+        self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
+        self.forget_node(inode.ino);
+        Ok(())
+    }
+
+    /// Moves `sdir/sname` to `ddir/dname`, atomically replacing an existing target.
+    pub fn rename(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8], flags: RenameFlags) -> Result<()> {
+        for _ in 0..RENAME_RETRIES_MAX {
+            match self.rename_once(sdir, sname, ddir, dname, flags) {
+                Err(FsError::Io(why)) if why == RENAME_RACE => continue,
+                other => return other,
+            }
+        }
+        Err(FsError::Io("rename: too much contention".into()))
+    }
+
+    fn rename_once(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8], flags: RenameFlags) -> Result<()> {
+        if flags.exchange {
+            return Err(FsError::Invalid);
+        }
+        if sname == b"." || sname == b".." || dname == b"." || dname == b".." {
+            return Err(FsError::Invalid);
+        }
+        check_name(dname)?;
+        let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
+        self.dir_inode(ddir)?;
+        let src_is_dir = src.dtype == libc::DT_DIR;
+        if src_is_dir && sdir != ddir {
+            self.refuse_cycle(src.ino, ddir)?;
+        }
+        let target = self.lookup(ddir, dname)?;
+        if let Some(t) = &target {
+            if t.ino == src.ino {
+                return Ok(()); // the same file: POSIX says do nothing
+            }
+            if flags.noreplace {
+                return Err(FsError::Exists);
+            }
+            match (src_is_dir, t.dtype == libc::DT_DIR) {
+                (true, false) => return Err(FsError::NotDir),
+                (false, true) => return Err(FsError::IsDir),
+                (true, true) if !self.readdir(t.ino)?.is_empty() => return Err(FsError::NotEmpty),
+                _ => {}
+            }
+        }
+        let moved = DirEntry { name: dname.to_vec(), ino: src.ino, dtype: src.dtype };
+        let replaced = if sdir == ddir && bucket_of(sname) == bucket_of(dname) {
+            // One record holds both names: one compare-and-swap does it all.
+            self.update_bucket(sdir, sname, |b| {
+                match b.find(sname) {
+                    Some(e) if e.ino == src.ino => {}
+                    _ => return Err(FsError::NotFound),
+                }
+                check_target(b.find(dname), &target, flags)?;
+                b.remove(sname);
+                Ok(b.upsert(moved.clone()))
+            })?
+        } else {
+            let replaced = self.update_bucket(ddir, dname, |b| {
+                check_target(b.find(dname), &target, flags)?;
+                Ok(b.upsert(moved.clone()))
+            })?;
+            self.update_bucket(sdir, sname, |b| {
+                if b.find(sname).is_some_and(|e| e.ino == src.ino) {
+                    b.remove(sname);
+                }
+                Ok(())
+            })?;
+            replaced
+        };
+        let now = now_ns();
+        if src_is_dir && sdir != ddir {
+            self.update_inode(src.ino, |i| {
+                i.parent = ddir;
+                i.ctime_ns = now;
+                Ok(())
+            })?;
+        } else {
+            self.update_inode(src.ino, |i| {
+                i.ctime_ns = now;
+                Ok(())
+            })?;
+        }
+        let replaced_dir = replaced.as_ref().is_some_and(|r| r.dtype == libc::DT_DIR);
+        let (sdelta, ddelta) = match (src_is_dir && sdir != ddir, replaced_dir) {
+            (true, true) => (-1, 0),
+            (true, false) => (-1, 1),
+            (false, true) => (0, -1),
+            (false, false) => (0, 0),
+        };
+        self.touch_dir(sdir, sdelta)?;
+        if ddir != sdir {
+            self.touch_dir(ddir, ddelta)?;
+        } else if ddelta != 0 {
+            self.touch_dir(ddir, ddelta)?;
+        }
+        if let Some(r) = replaced {
+            self.drop_link(r.ino)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses to move directory `moving` under `new_parent` when that is inside `moving`.
+    fn refuse_cycle(&self, moving: u64, new_parent: u64) -> Result<()> {
+        let mut at = new_parent;
+        for _ in 0..DEPTH_MAX {
+            if at == moving {
+                return Err(FsError::Invalid);
+            }
+            if at == ROOT_INO {
+                return Ok(());
+            }
+            at = self.load_inode(at)?.0.parent;
+        }
+        Err(FsError::Loop)
+    }
+
+    /// `chmod`, `chown`, `truncate`, `utimensat`.
+    pub fn setattr(&self, ino: u64, attr: SetAttr) -> Result<Inode> {
+        if let Some(size) = attr.size {
+            self.truncate(ino, size)?;
+        }
+        if attr.mode.is_none() && attr.uid.is_none() && attr.gid.is_none() && attr.atime_ns.is_none() && attr.mtime_ns.is_none() {
+            return self.getattr(ino);
+        }
+        let now = now_ns();
+        if attr.mtime_ns.is_some() {
+            self.discard_local_mtime(ino);
+        }
+        let mut inode = self.update_inode(ino, |i| {
+            if let Some(mode) = attr.mode {
+                i.mode = file_type(i.mode) | (mode & 0o7777);
+            }
+            if let Some(uid) = attr.uid {
+                i.uid = uid;
+            }
+            if let Some(gid) = attr.gid {
+                i.gid = gid;
+            }
+            if (attr.uid.is_some() || attr.gid.is_some()) && !is_dir(i.mode) && attr.mode.is_none() {
+                // chown clears set-user-ID and set-group-ID on executables (as Linux does).
+                if i.mode & 0o111 != 0 {
+                    i.mode &= !(libc::S_ISUID | libc::S_ISGID);
+                }
+            }
+            if let Some(t) = attr.atime_ns {
+                i.atime_ns = t;
+            }
+            if let Some(t) = attr.mtime_ns {
+                i.mtime_ns = t;
+            }
+            i.ctime_ns = now;
+            Ok(())
+        })?;
+        self.overlay_local(&mut inode);
+        Ok(inode)
+    }
+
+    /// Takes an inode number from this process's range, refilling it from the shared counter
+    /// by compare-and-swap (a fork starts a fresh range: parent and child must not share one).
+    pub(crate) fn allocate_ino(&self) -> Result<u64> {
+        let pid = std::process::id();
+        let mut range = self.inos.lock();
+        if range.pid != pid || range.next >= range.end {
+            let key = self.keys.next_ino();
+            let mut taken = None;
+            for _ in 0..CAS_RETRIES_MAX {
+                let (start, cond) = match self.kv.get_versioned(&key)? {
+                    Some((bytes, version)) => {
+                        let start = u64::from_le_bytes(bytes.as_slice().try_into().map_err(|_| FsError::Corrupt {
+                            key: String::from_utf8_lossy(&key).into_owned(),
+                            why: "inode counter is not 8 bytes",
+                        })?);
+                        (start, Cond::Version(version))
+                    }
+                    None => (ROOT_INO + 1, Cond::Absent),
+                };
+                let end = start + crate::layout::INO_BATCH;
+                if self.kv.put_cond(&key, &end.to_le_bytes(), cond)?.is_some() {
+                    taken = Some((start, end));
+                    break;
+                }
+            }
+            let (start, end) = taken.ok_or_else(|| FsError::Io("inode counter: too much contention".into()))?;
+            *range = crate::InoRange { pid, next: start, end };
+        }
+        let ino = range.next;
+        range.next += 1;
+        Ok(ino)
+    }
+
+    /// Formats the file system when the pool has none: superblock, root, counter.
+    pub(crate) fn format_if_new(&self, owner: Owner) -> Result<()> {
+        let root_key = self.keys.inode(ROOT_INO);
+        if self.kv.get_versioned(&root_key)?.is_none() {
+            let mut root = Inode::new(ROOT_INO, libc::S_IFDIR | 0o755, owner.uid, owner.gid, now_ns());
+            root.parent = ROOT_INO;
+            self.kv.put_cond(&root_key, &root.encode(), Cond::Absent)?;
+        }
+        Ok(())
+    }
+
+    /// File system totals for `statfs` (the pool does not report its capacity: these are
+    /// large constants, as network file systems report).
+    pub fn statfs(&self) -> libc::statfs {
+        // SAFETY: statfs is plain old data; all zeroes is a valid value.
+        let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+        s.f_type = KURA_FS_MAGIC;
+        s.f_bsize = self.chunk as _;
+        s.f_frsize = self.chunk as _;
+        s.f_blocks = STATFS_BYTES / self.chunk as u64;
+        s.f_bfree = s.f_blocks / 2;
+        s.f_bavail = s.f_blocks / 2;
+        s.f_files = STATFS_FILES;
+        s.f_ffree = STATFS_FILES / 2;
+        s.f_namelen = crate::layout::NAME_BYTES_MAX as _;
+        s
+    }
+}
+
+/// `statfs` `f_type` of a kura file system ("kura" in ASCII).
+pub const KURA_FS_MAGIC: libc::__fsword_t = 0x6b75_7261;
+const STATFS_BYTES: u64 = 1 << 40;
+const STATFS_FILES: u64 = 1 << 32;
+
+/// Inside `rename`'s CAS: the target must still be what was checked before.
+fn check_target(now: Option<&DirEntry>, checked: &Option<DirEntry>, flags: RenameFlags) -> Result<()> {
+    match (now, checked) {
+        (None, None) => Ok(()),
+        (Some(_), None) if flags.noreplace => Err(FsError::Exists),
+        (Some(n), Some(c)) if n.ino == c.ino => Ok(()),
+        // Changed under us: the caller's checks no longer hold.
+        _ => Err(FsError::Io(RENAME_RACE.into())),
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync(fs: Arc<Fs>) -> impl Send + Sync {
+    fs
+}

@@ -1,0 +1,360 @@
+//! One connection of a context to one node: send and receive buffers, the FIFO of requests
+//! awaiting replies, the blocking connect and handshake, and the syscall counters.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{TcpStream as StdTcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crate::config::Backend;
+use crate::proto::memcache::{self, Dialect};
+use crate::proto::resp::{self, Resp};
+use crate::stats::IoStats;
+
+/// How a connection talks (decided at the handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wire {
+    Memcache(Dialect),
+    Resp,
+}
+
+/// A request of the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Get,
+    Set,
+    Delete,
+}
+
+/// One part of a flush on one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlushPart {
+    /// kura: `sync` → `OK`.
+    Sync,
+    /// memcached: `mn` → `MN` (or `version`): every earlier write is acknowledged.
+    Noop,
+    /// Redis without replicas to wait for: `PING`.
+    Ping,
+    /// Redis: a write of a scratch key, so that the `WAIT` after it covers every write the
+    /// master acknowledged before (not only this connection's). Its reply completes nothing.
+    ScratchWrite,
+    /// Redis: `WAIT replicas timeout` → the number of replicas that acknowledged.
+    Wait { replicas: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SentOp {
+    Request(Op),
+    Flush { id: u64, part: FlushPart },
+    /// Redis Cluster `ASKING` before a request redirected with `ASK`; its `+OK` completes nothing.
+    Asking,
+}
+
+/// A Redis Cluster request kept whole so it can be sent again after `MOVED`/`ASK` or a
+/// fail-over.
+#[derive(Debug)]
+pub(crate) struct Owned {
+    pub op: Op,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub redirects: u32,
+}
+
+/// A request written (or queued to be written) on a connection, awaiting its reply.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    pub token: u64,
+    pub op: SentOp,
+    pub deadline: Instant,
+    pub retry: Option<Box<Owned>>,
+}
+
+pub(crate) struct Conn {
+    pub addr: String,
+    /// Index of the node (pool member) in the configuration.
+    pub member: usize,
+    pub backend: Backend,
+    pub wire: Wire,
+    pub stream: Option<mio::net::TcpStream>,
+    /// After a failed connect: no new attempt before this.
+    pub down_until: Option<Instant>,
+    pub backoff: Duration,
+    pub last_error: String,
+    /// Holds one of the node's connection slots.
+    pub reserved: bool,
+    pub out: Vec<u8>,
+    pub out_at: usize,
+    /// End offsets in `out` of requests not yet completely sent.
+    pub out_ends: VecDeque<usize>,
+    pub inbuf: Vec<u8>,
+    pub in_start: usize,
+    pub in_end: usize,
+    pub sent: VecDeque<Sent>,
+}
+
+/// Compact the send buffer once this much of it has been sent.
+const OUT_COMPACT_BYTES: usize = 1 << 20;
+
+impl Conn {
+    pub fn new(addr: String, member: usize, backend: Backend, backoff: Duration) -> Self {
+        let wire = if matches!(backend, Backend::Redis | Backend::RedisCluster) { Wire::Resp } else { Wire::Memcache(Dialect::Meta) };
+        Self {
+            addr,
+            member,
+            backend,
+            wire,
+            stream: None,
+            down_until: None,
+            backoff,
+            last_error: String::new(),
+            reserved: false,
+            out: Vec::new(),
+            out_at: 0,
+            out_ends: VecDeque::new(),
+            inbuf: Vec::new(),
+            in_start: 0,
+            in_end: 0,
+            sent: VecDeque::new(),
+        }
+    }
+
+    pub fn unsent_bytes(&self) -> usize {
+        self.out.len() - self.out_at
+    }
+
+    /// Appends a request to the send buffer and remembers it.
+    pub fn push_request(&mut self, op: Op, key: &[u8], value: &[u8], sent: Sent) {
+        self.encode_request(op, key, value);
+        self.record(sent);
+    }
+
+    /// Appends a request's bytes; [`Conn::record`] must follow.
+    pub fn encode_request(&mut self, op: Op, key: &[u8], value: &[u8]) {
+        match self.wire {
+            Wire::Memcache(dialect) => match op {
+                Op::Get => memcache::encode_get(&mut self.out, dialect, key),
+                Op::Set => memcache::encode_set(&mut self.out, dialect, key, value),
+                Op::Delete => memcache::encode_delete(&mut self.out, dialect, key),
+            },
+            Wire::Resp => match op {
+                Op::Get => resp::encode_command(&mut self.out, &[b"GET", key]),
+                Op::Set => resp::encode_command(&mut self.out, &[b"SET", key, value]),
+                Op::Delete => resp::encode_command(&mut self.out, &[b"DEL", key]),
+            },
+        }
+    }
+
+    /// Remembers the request whose bytes were just appended.
+    pub fn record(&mut self, sent: Sent) {
+        self.out_ends.push_back(self.out.len());
+        self.sent.push_back(sent);
+    }
+
+    /// Appends a command that is not a caller's request (flush parts, `ASKING`).
+    pub fn push_control(&mut self, sent: Sent, scratch_key: &[u8], wait_timeout_ms: u64) {
+        match (self.wire, sent.op) {
+            (Wire::Memcache(_), SentOp::Flush { part: FlushPart::Sync, .. }) => memcache::encode_sync(&mut self.out),
+            (Wire::Memcache(dialect), SentOp::Flush { part: FlushPart::Noop, .. }) => memcache::encode_noop(&mut self.out, dialect),
+            (Wire::Resp, SentOp::Flush { part: FlushPart::Ping, .. }) => resp::encode_command(&mut self.out, &[b"PING"]),
+            (Wire::Resp, SentOp::Flush { part: FlushPart::ScratchWrite, .. }) => resp::encode_command(&mut self.out, &[b"SET", scratch_key, b"1"]),
+            (Wire::Resp, SentOp::Flush { part: FlushPart::Wait { replicas }, .. }) => {
+                let (replicas, timeout) = (replicas.to_string(), wait_timeout_ms.to_string());
+                resp::encode_command(&mut self.out, &[b"WAIT", replicas.as_bytes(), timeout.as_bytes()]);
+            }
+            (Wire::Resp, SentOp::Asking) => resp::encode_command(&mut self.out, &[b"ASKING"]),
+            (wire, op) => unreachable!("{op:?} is not sent on {wire:?}"),
+        }
+        self.out_ends.push_back(self.out.len());
+        self.sent.push_back(sent);
+    }
+
+    /// Writes as much of the send buffer as the socket takes. `Err` means the connection broke.
+    pub fn write_out(&mut self, stats: &mut IoStats) -> io::Result<()> {
+        let Some(stream) = self.stream.as_mut() else { return Ok(()) };
+        while self.out_at < self.out.len() {
+            match stream.write(&self.out[self.out_at..]) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took nothing")),
+                Ok(n) => {
+                    stats.send_syscalls += 1;
+                    self.out_at += n;
+                    while self.out_ends.front().is_some_and(|&end| end <= self.out_at) {
+                        self.out_ends.pop_front();
+                        stats.requests_sent += 1;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    stats.send_syscalls += 1;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+        } else if self.out_at >= OUT_COMPACT_BYTES {
+            self.out.drain(..self.out_at);
+            for end in &mut self.out_ends {
+                *end -= self.out_at;
+            }
+            self.out_at = 0;
+        }
+        Ok(())
+    }
+
+    /// Reads once into the receive buffer (growing it up to `buffer_max` for one long
+    /// reply). `Ok(None)`: nothing there; `Ok(Some(n))`: `n` bytes and whether the socket
+    /// may hold more (the read filled the space).
+    pub fn read_some(&mut self, buffer_bytes: usize, buffer_max: usize, stats: &mut IoStats) -> io::Result<Option<(usize, bool)>> {
+        let Some(stream) = self.stream.as_mut() else { return Ok(None) };
+        if self.inbuf.len() < buffer_bytes {
+            self.inbuf.resize(buffer_bytes, 0);
+        }
+        if self.in_start == self.in_end {
+            self.in_start = 0;
+            self.in_end = 0;
+        } else if self.in_end == self.inbuf.len() && self.in_start > 0 {
+            self.inbuf.copy_within(self.in_start..self.in_end, 0);
+            self.in_end -= self.in_start;
+            self.in_start = 0;
+        }
+        if self.in_end == self.inbuf.len() {
+            if self.inbuf.len() >= buffer_max {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a reply longer than {buffer_max} bytes")));
+            }
+            let grown = (self.inbuf.len() * 2).min(buffer_max);
+            self.inbuf.resize(grown, 0);
+        }
+        loop {
+            let space = self.inbuf.len() - self.in_end;
+            match stream.read(&mut self.inbuf[self.in_end..]) {
+                Ok(0) => {
+                    stats.recv_syscalls += 1;
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the node closed the connection"));
+                }
+                Ok(n) => {
+                    stats.recv_syscalls += 1;
+                    self.in_end += n;
+                    return Ok(Some((n, n == space)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    stats.recv_syscalls += 1;
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Forgets buffered bytes (after the connection closed).
+    pub fn reset_buffers(&mut self) {
+        self.out.clear();
+        self.out_at = 0;
+        self.out_ends.clear();
+        self.in_start = 0;
+        self.in_end = 0;
+    }
+}
+
+/// Opens a connection and learns how to talk to the node (blocking, bounded by `timeout`).
+pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Duration) -> Result<(StdTcpStream, Wire), String> {
+    let addrs: Vec<_> = addr.to_socket_addrs().map_err(|e| format!("cannot resolve {addr}: {e}"))?.collect();
+    let mut last = format!("{addr} resolves to no address");
+    for a in addrs {
+        match StdTcpStream::connect_timeout(&a, timeout) {
+            Ok(mut stream) => {
+                let setup = (|| {
+                    stream.set_nodelay(true)?;
+                    stream.set_read_timeout(Some(timeout))?;
+                    stream.set_write_timeout(Some(timeout))
+                })();
+                setup.map_err(|e| format!("socket setup: {e}"))?;
+                let wire = handshake(&mut stream, addr, backend, text_only)?;
+                stream.set_read_timeout(None).and_then(|()| stream.set_write_timeout(None)).map_err(|e| e.to_string())?;
+                return Ok((stream, wire));
+            }
+            Err(e) => last = format!("connect: {e}"),
+        }
+    }
+    Err(last)
+}
+
+fn handshake(stream: &mut StdTcpStream, addr: &str, backend: Backend, text_only: bool) -> Result<Wire, String> {
+    match backend {
+        Backend::Redis | Backend::RedisCluster => {
+            let reply = exchange_resp(stream, b"*1\r\n$4\r\nPING\r\n")?;
+            match reply.as_slice() {
+                b"+PONG\r\n" => Ok(Wire::Resp),
+                other => Err(format!("PING answered {:?}", String::from_utf8_lossy(other))),
+            }
+        }
+        _ => {
+            // `version` names the server; `mn` tells whether it has meta commands (memcached
+            // before 1.6 answers ERROR).
+            stream.write_all(b"version\r\nmn\r\n").map_err(|e| format!("handshake: {e}"))?;
+            let mut buf = Vec::new();
+            let (version, dialect) = loop {
+                read_more(stream, &mut buf)?;
+                let Some((first, used)) = memcache::parse_reply(&buf, 0).map_err(|e| format!("handshake: {e}"))? else { continue };
+                let Some((second, _)) = memcache::parse_reply(&buf[used..], 0).map_err(|e| format!("handshake: {e}"))? else { continue };
+                let memcache::Reply::Version(version) = first else { return Err(format!("version answered {first:?}")) };
+                let dialect = match second {
+                    memcache::Reply::Noop if text_only => Dialect::Text,
+                    memcache::Reply::Noop => Dialect::Meta,
+                    memcache::Reply::Error => Dialect::Text,
+                    other => return Err(format!("mn answered {other:?}")),
+                };
+                break (String::from_utf8_lossy(version).into_owned(), dialect);
+            };
+            if backend == Backend::Kura && !version.contains("kura") {
+                tracing::warn!(addr, version, "a kura:// node is not a kura server (its flush will fail); use memcached://");
+            }
+            tracing::debug!(addr, version, ?dialect, "connected");
+            Ok(Wire::Memcache(dialect))
+        }
+    }
+}
+
+fn read_more(stream: &mut StdTcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+    const HANDSHAKE_REPLY_MAX: usize = 4 << 20;
+    let mut chunk = [0u8; 16 << 10];
+    let n = stream.read(&mut chunk).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no answer to the handshake in time".to_owned(),
+        _ => format!("handshake: {e}"),
+    })?;
+    if n == 0 {
+        return Err("the node closed the connection during the handshake".into());
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    if buf.len() > HANDSHAKE_REPLY_MAX {
+        return Err("handshake reply too long".into());
+    }
+    Ok(())
+}
+
+/// Sends one RESP command on a blocking socket and returns its whole reply's bytes.
+pub(crate) fn exchange_resp(stream: &mut StdTcpStream, request: &[u8]) -> Result<Vec<u8>, String> {
+    stream.write_all(request).map_err(|e| format!("send: {e}"))?;
+    let mut buf = Vec::new();
+    loop {
+        read_more(stream, &mut buf)?;
+        if let Some((_, used)) = resp::parse_reply(&buf, 1 << 20)? {
+            buf.truncate(used);
+            return Ok(buf);
+        }
+    }
+}
+
+/// `CLUSTER SLOTS` from one node (blocking).
+pub(crate) fn cluster_slots(addr: &str, timeout: Duration) -> Result<Vec<crate::cluster::SlotRange>, String> {
+    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, timeout)?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let bytes = exchange_resp(&mut stream, b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n")?;
+    let (reply, _) = resp::parse_reply(&bytes, 1 << 20)?.ok_or("incomplete CLUSTER SLOTS reply")?;
+    if let Resp::Error(e) = reply {
+        return Err(format!("CLUSTER SLOTS: {}", String::from_utf8_lossy(e)));
+    }
+    crate::cluster::parse_slots(&reply, addr)
+}

@@ -1,0 +1,69 @@
+//! Keys: limits, and the canonical key of a 4 KiB block of a volume.
+
+use crate::error::{Error, Result};
+
+/// Longest key the pool accepts on any backend (memcached's and the engine's limit).
+pub const KEY_SIZE_BYTES_MAX: usize = 250;
+/// Longest key that a meta-protocol node can take when it has to be sent base64 (memcached
+/// limits the encoded key to 250 bytes).
+pub const BINARY_KEY_SIZE_BYTES_MAX: usize = KEY_SIZE_BYTES_MAX / 4 * 3;
+/// Bytes of a [`block_key`].
+pub const BLOCK_KEY_BYTES: usize = 1 + 16 + 1 + 16;
+
+/// The key of the 4 KiB block `lba` of volume `volume`: `v<16 hex>.<16 hex>`, fixed width so
+/// that it is text-safe on every backend (memcached's text protocol included) and costs no
+/// base64 on meta nodes.
+pub fn block_key(volume: u64, lba: u64) -> [u8; BLOCK_KEY_BYTES] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut key = [0u8; BLOCK_KEY_BYTES];
+    key[0] = b'v';
+    key[17] = b'.';
+    for i in 0..16 {
+        key[1 + i] = HEX[((volume >> (60 - 4 * i)) & 0xf) as usize];
+        key[18 + i] = HEX[((lba >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    key
+}
+
+/// Checks the limits every backend shares.
+pub fn check(key: &[u8]) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::KeyEmpty);
+    }
+    if key.len() > KEY_SIZE_BYTES_MAX {
+        return Err(Error::KeyTooLong { len: key.len(), max: KEY_SIZE_BYTES_MAX });
+    }
+    Ok(())
+}
+
+/// Whether memcached's text protocol can carry `key` as it is (no spaces, no control bytes).
+pub fn is_text_safe(key: &[u8]) -> bool {
+    key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_keys_are_fixed_width_text_and_distinct() {
+        let k = block_key(1, 0x1234);
+        assert_eq!(&k, b"v0000000000000001.0000000000001234");
+        assert!(is_text_safe(&k));
+        assert_ne!(block_key(1, 2), block_key(2, 1));
+        assert_eq!(&block_key(u64::MAX, u64::MAX)[..], b"vffffffffffffffff.ffffffffffffffff");
+    }
+
+    #[test]
+    fn limits() {
+        assert!(matches!(check(b""), Err(Error::KeyEmpty)));
+        assert!(check(&[b'a'; 250]).is_ok());
+        assert!(matches!(check(&[b'a'; 251]), Err(Error::KeyTooLong { len: 251, max: 250 })));
+        assert!(!is_text_safe(b"a b"));
+        assert!(!is_text_safe(b"a\r\n"));
+        assert!(!is_text_safe(b"\x7f"));
+        assert!(is_text_safe("é".as_bytes()));
+        // 186 bytes encode to 248 base64 characters, 187 to 252.
+        assert_eq!(BINARY_KEY_SIZE_BYTES_MAX, 186);
+    }
+}

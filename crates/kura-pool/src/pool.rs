@@ -1,0 +1,297 @@
+//! The pool (shared, immutable: nodes, ring, limits) and its contexts (one per thread: its
+//! own connections, buffers and completion queue; nothing shared on the request path).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kura_engine::Engine;
+
+use crate::config::{Backend, EMBEDDED_SIZE_BYTES_DEFAULT, NodeSpec, PoolConfig, default_embedded_path};
+use crate::embedded::EmbeddedContext;
+use crate::error::{Error, Result};
+use crate::net::NetContext;
+use crate::ring::Ring;
+use crate::stats::IoStats;
+
+/// What a finished request produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome<'a> {
+    /// A get's value, borrowed from the context's receive buffer (or the engine's read
+    /// buffer) until the completion callback returns: copy it where it belongs.
+    Value(&'a [u8]),
+    /// A get found no value.
+    Missing,
+    /// A set, delete or flush finished.
+    Done,
+}
+
+/// One finished request, handed to the callback of [`Context::poll`].
+#[derive(Debug)]
+pub struct Completion<'a> {
+    /// The caller's token given at submit.
+    pub token: u64,
+    pub result: Result<Outcome<'a>>,
+}
+
+/// A pool of nodes. Cheap to clone; `Send + Sync`; make one [`Context`] per thread.
+#[derive(Clone)]
+pub struct Pool {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub config: PoolConfig,
+    pub ring: Ring,
+    pub engine: Option<Engine>,
+    /// Open connections per node address, for the per-node limits. Touched only when a
+    /// connection opens or closes, never per request.
+    pub connections: Mutex<HashMap<String, usize>>,
+}
+
+impl Shared {
+    /// Takes one of `addr`'s connection slots.
+    pub fn reserve_connection(&self, addr: &str, max: usize) -> Result<()> {
+        let mut counts = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(addr.to_owned()).or_insert(0);
+        if *count >= max {
+            return Err(Error::ConnectionLimit { node: addr.to_owned(), max });
+        }
+        *count += 1;
+        Ok(())
+    }
+
+    pub fn release_connection(&self, addr: &str) {
+        let mut counts = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(addr) {
+            *count = count.saturating_sub(1);
+        }
+    }
+}
+
+impl Pool {
+    /// Opens a pool: with no nodes, an embedded engine at `kura-data/pool.kura` (created at
+    /// 1 GiB when new); an `embedded:` node opens (or creates, in store mode: never dropping
+    /// data) its store here; servers are connected by each context.
+    pub fn open(config: PoolConfig) -> Result<Self> {
+        let mut config = config;
+        if config.nodes.is_empty() {
+            let path = default_embedded_path();
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            config.nodes = PoolConfig::embedded(&path, EMBEDDED_SIZE_BYTES_DEFAULT).nodes;
+        }
+        config.validate()?;
+        let engine = match config.nodes.first() {
+            Some(node) if node.backend == Backend::Embedded => Some(open_engine(node, &config)?),
+            _ => None,
+        };
+        Ok(Self::assemble(config, engine))
+    }
+
+    /// A pool over an engine the caller already opened.
+    pub fn with_engine(engine: Engine, config: PoolConfig) -> Self {
+        let mut config = config;
+        config.nodes = PoolConfig::embedded(Path::new("(in-process)"), 0).nodes;
+        Self::assemble(config, Some(engine))
+    }
+
+    fn assemble(config: PoolConfig, engine: Option<Engine>) -> Self {
+        let names: Vec<String> = config.nodes.iter().map(NodeSpec::name).collect();
+        let ring = Ring::new(names.iter().map(String::as_str).zip(config.nodes.iter().map(|n| n.weight)));
+        Self { shared: Arc::new(Shared { config, ring, engine, connections: Mutex::new(HashMap::new()) }) }
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.config
+    }
+
+    /// The embedded engine, when the pool is one.
+    pub fn engine(&self) -> Option<&Engine> {
+        self.shared.engine.as_ref()
+    }
+
+    /// The node `key` is placed on (for a Redis Cluster, the cluster).
+    pub fn node_of(&self, key: &[u8]) -> &NodeSpec {
+        &self.shared.config.nodes[self.shared.ring.locate(key)]
+    }
+
+    /// A new context for the calling thread: its own connections to every node (opened now;
+    /// a node that is down is retried with back-off when used).
+    pub fn context(&self) -> Result<Context> {
+        let inner = match &self.shared.engine {
+            Some(engine) => Inner::Embedded(Box::new(EmbeddedContext::new(engine.clone(), &self.shared.config))),
+            None => Inner::Net(Box::new(NetContext::new(Arc::clone(&self.shared))?)),
+        };
+        Ok(Context { inner })
+    }
+}
+
+fn open_engine(node: &NodeSpec, config: &PoolConfig) -> Result<Engine> {
+    let path = Path::new(&node.addrs[0]);
+    let is_new = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
+    let mut engine_config = config.engine.clone();
+    if is_new {
+        engine_config.size_bytes = Some(node.size_bytes.unwrap_or(EMBEDDED_SIZE_BYTES_DEFAULT));
+        // A pool holds data (block devices, files): a new store never drops it to make room.
+        engine_config.mode.get_or_insert(kura_engine::Mode::Store);
+    }
+    // The pool's limit is the engine's (a larger one needs larger blocks: the engine says so).
+    engine_config.value_size_max_bytes = config.value_size_max_bytes;
+    Ok(Engine::open(path, &engine_config)?)
+}
+
+/// One thread's handle on the pool: submit requests with a token, then [`Context::poll`] for
+/// completions. Many requests may be in flight (up to `in_flight_max`); requests to the same
+/// node leave together in one send and their replies are read together. Not `Sync`: one
+/// thread at a time (it is `Send`, so it can be made on one thread and moved to another).
+pub struct Context {
+    inner: Inner,
+}
+
+enum Inner {
+    Embedded(Box<EmbeddedContext>),
+    Net(Box<NetContext>),
+}
+
+/// Tokens the blocking helpers use (the caller has nothing else in flight then).
+const HELPER_BATCH_MAX: usize = 1024;
+
+impl Context {
+    /// Queues a get of `key`. `Err` only for bad input or a full context; everything a node
+    /// does arrives as the completion of `token`.
+    pub fn submit_get(&mut self, key: &[u8], token: u64) -> Result<()> {
+        match &mut self.inner {
+            Inner::Embedded(c) => c.submit_get(key, token),
+            Inner::Net(c) => c.submit_get(key, token),
+        }
+    }
+
+    /// Queues a set of `key` to `value` (copied into the send buffer at once).
+    pub fn submit_set(&mut self, key: &[u8], value: &[u8], token: u64) -> Result<()> {
+        match &mut self.inner {
+            Inner::Embedded(c) => c.submit_set(key, value, token),
+            Inner::Net(c) => c.submit_set(key, value, token),
+        }
+    }
+
+    /// Queues a delete of `key` (done whether or not it existed).
+    pub fn submit_delete(&mut self, key: &[u8], token: u64) -> Result<()> {
+        match &mut self.inner {
+            Inner::Embedded(c) => c.submit_delete(key, token),
+            Inner::Net(c) => c.submit_delete(key, token),
+        }
+    }
+
+    /// Queues a durability barrier: it completes once every write acknowledged (on any
+    /// context of the pool) before it was submitted is durable on every node of the pool —
+    /// the engine synced, each kura server synced (`sync`), each Redis master's writes
+    /// acknowledged by `replicas` replicas (`WAIT`); memcached keeps data in RAM only, so
+    /// there it is an ordering barrier. A node that is down fails the flush.
+    pub fn submit_flush(&mut self, token: u64) -> Result<()> {
+        match &mut self.inner {
+            Inner::Embedded(c) => c.submit_flush(token),
+            Inner::Net(c) => c.submit_flush(token),
+        }
+    }
+
+    /// Sends what was submitted, waits up to `timeout` (`None`: until something completes)
+    /// and hands every finished request to `on_complete`. Returns how many it handed over;
+    /// returns at once with 0 when nothing is in flight.
+    pub fn poll(&mut self, timeout: Option<Duration>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
+        match &mut self.inner {
+            Inner::Embedded(c) => c.poll(timeout, on_complete),
+            Inner::Net(c) => c.poll(timeout, on_complete),
+        }
+    }
+
+    /// Requests submitted and not yet handed to a callback.
+    pub fn in_flight(&self) -> usize {
+        match &self.inner {
+            Inner::Embedded(c) => c.in_flight(),
+            Inner::Net(c) => c.in_flight(),
+        }
+    }
+
+    pub fn io_stats(&self) -> IoStats {
+        match &self.inner {
+            Inner::Embedded(c) => c.stats,
+            Inner::Net(c) => c.stats(),
+        }
+    }
+
+    /// Gets one key, waiting for it. Panics if other requests are in flight (their
+    /// completions would be lost).
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get_many(&[key])?.pop().expect("one key, one value")
+    }
+
+    /// Gets many keys at once (pipelined to every node); one result per key, in order.
+    pub fn get_many<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Result<Option<Vec<u8>>>>> {
+        let mut out: Vec<Option<Result<Option<Vec<u8>>>>> = (0..keys.len()).map(|_| None).collect();
+        self.run_batches(keys.len(), |ctx, i| ctx.submit_get(keys[i].as_ref(), i as u64), &mut |c| {
+            out[c.token as usize] = Some(c.result.map(|o| match o {
+                Outcome::Value(v) => Some(v.to_vec()),
+                _ => None,
+            }));
+        })?;
+        Ok(out.into_iter().map(|r| r.expect("every key completed")).collect())
+    }
+
+    pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.set_many(&[(key, value)])
+    }
+
+    /// Sets many keys at once; the first failure is returned (after all have finished).
+    pub fn set_many<K: AsRef<[u8]>, V: AsRef<[u8]>>(&mut self, items: &[(K, V)]) -> Result<()> {
+        let mut first_error = None;
+        self.run_batches(items.len(), |ctx, i| ctx.submit_set(items[i].0.as_ref(), items[i].1.as_ref(), i as u64), &mut |c| {
+            if let Err(e) = c.result {
+                first_error.get_or_insert(e);
+            }
+        })?;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        let mut result = Ok(());
+        self.run_batches(1, |ctx, _| ctx.submit_delete(key, 0), &mut |c| result = c.result.map(|_| ()))?;
+        result
+    }
+
+    /// [`Context::submit_flush`], waiting for it.
+    pub fn flush(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        self.run_batches(1, |ctx, _| ctx.submit_flush(0), &mut |c| result = c.result.map(|_| ()))?;
+        result
+    }
+
+    /// Submits `count` requests in windows and polls until all completed.
+    fn run_batches(&mut self, count: usize, mut submit: impl FnMut(&mut Self, usize) -> Result<()>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<()> {
+        assert_eq!(self.in_flight(), 0, "the blocking helpers need a context with nothing in flight");
+        let window = HELPER_BATCH_MAX.min(self.in_flight_max());
+        let mut next = 0;
+        while next < count || self.in_flight() > 0 {
+            while next < count && self.in_flight() < window {
+                if let Err(e) = submit(self, next) {
+                    while self.in_flight() > 0 {
+                        self.poll(None, &mut |_| {})?;
+                    }
+                    return Err(e);
+                }
+                next += 1;
+            }
+            self.poll(None, on_complete)?;
+        }
+        Ok(())
+    }
+
+    fn in_flight_max(&self) -> usize {
+        match &self.inner {
+            Inner::Embedded(c) => c.in_flight_max(),
+            Inner::Net(c) => c.in_flight_max(),
+        }
+    }
+}

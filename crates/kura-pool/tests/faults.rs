@@ -1,0 +1,86 @@
+//! Error handling: nodes that are down, silent, or answer garbage. Every case ends in a
+//! clear error within the timeout, never a hang.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{FakeServer, Misbehaviour};
+use kura_pool::{Error, Pool, PoolConfig, block_key};
+
+fn pool(url: String, timeout_ms: u64) -> Pool {
+    let mut config = PoolConfig::from_urls(&[url]).unwrap();
+    config.request_timeout = Duration::from_millis(timeout_ms);
+    config.connect_timeout = Duration::from_millis(timeout_ms);
+    Pool::open(config).unwrap()
+}
+
+#[test]
+fn a_node_nobody_listens_on_is_down_at_once() {
+    let port = kura_testkit::free_tcp_port().unwrap();
+    for url in [format!("kura://127.0.0.1:{port}"), format!("redis://127.0.0.1:{port}")] {
+        let pool = pool(url, 2000);
+        let mut ctx = pool.context().expect("a context even with its node down");
+        for _ in 0..3 {
+            let started = Instant::now();
+            let e = ctx.get(b"k").unwrap_err();
+            assert!(started.elapsed() < Duration::from_millis(500));
+            assert!(matches!(e, Error::NodeDown { .. }), "{e}");
+            assert!(e.to_string().contains(&port.to_string()), "{e}");
+        }
+        assert!(ctx.flush().is_err());
+    }
+}
+
+#[test]
+fn garbage_replies_close_the_connection_with_a_protocol_error() {
+    let server = FakeServer::start(Misbehaviour::Garbage);
+    let pool = pool(server.url(), 2000);
+    let mut ctx = pool.context().unwrap();
+    for i in 0..8 {
+        ctx.submit_get(&block_key(0, i), i).unwrap();
+    }
+    let mut errors = Vec::new();
+    while ctx.in_flight() > 0 {
+        ctx.poll(None, &mut |c| errors.push(c.result.unwrap_err())).unwrap();
+    }
+    assert_eq!(errors.len(), 8);
+    assert!(errors.iter().all(|e| matches!(e, Error::Protocol { .. })), "{errors:?}");
+    assert_eq!(ctx.io_stats().disconnects, 1);
+    // In back-off now: the next request fails at once, naming the protocol error.
+    let e = ctx.get(b"k").unwrap_err();
+    assert!(matches!(e, Error::NodeDown { .. }) && e.to_string().contains("protocol error"), "{e}");
+}
+
+#[test]
+fn a_garbage_handshake_is_a_node_down_with_the_reason() {
+    let server = FakeServer::start(Misbehaviour::GarbageHandshake);
+    let pool = pool(server.url(), 2000);
+    let mut ctx = pool.context().unwrap();
+    let e = ctx.get(b"k").unwrap_err();
+    assert!(matches!(e, Error::NodeDown { .. }), "{e}");
+    assert!(e.to_string().contains("handshake") || e.to_string().contains("unexpected reply"), "{e}");
+}
+
+#[test]
+fn a_silent_node_times_out() {
+    let server = FakeServer::start(Misbehaviour::Silent);
+    let pool = pool(server.url(), 300);
+    let mut ctx = pool.context().unwrap();
+    let started = Instant::now();
+    ctx.submit_set(b"a", b"1", 1).unwrap();
+    ctx.submit_get(b"b", 2).unwrap();
+    let mut errors = Vec::new();
+    while ctx.in_flight() > 0 {
+        ctx.poll(None, &mut |c| errors.push(c.result.unwrap_err())).unwrap();
+    }
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(2), "{elapsed:?}");
+    assert!(errors.iter().all(|e| matches!(e, Error::Timeout { timeout_ms: 300, .. })), "{errors:?}");
+    // A poll with a timeout returns when it runs out, with nothing.
+    ctx.submit_get(b"c", 3).unwrap();
+    let started = Instant::now();
+    assert_eq!(ctx.poll(Some(Duration::from_millis(50)), &mut |_| panic!("no reply expected")).unwrap(), 0);
+    assert!(started.elapsed() < Duration::from_millis(250));
+    assert_eq!(ctx.in_flight(), 1);
+}

@@ -1,0 +1,2203 @@
+//! The handlers patched over libc's functions. Each one: kura descriptor or path → the file
+//! system; anything else → the kernel, by raw system call (never the patched original).
+//! Every handler catches panics (a bug here must not unwind into C) and reports them as EIO.
+
+use std::ffi::{c_char, c_int, c_long, c_uint, c_void};
+use std::sync::Arc;
+
+use kura_fs::path::{Follow, Resolved};
+use kura_fs::{Fs, FsError, Inode, Owner, RenameFlags, SetAttr, WriteMode};
+
+use crate::fds::{OpenFile, create_placeholder};
+use crate::paths::{Target, bytes, c_path, classify};
+use crate::state::{self, Busy, State};
+
+/// fchmodat2(2), Linux 6.6 (not yet in the libc crate).
+const SYS_FCHMODAT2: c_long = 452;
+/// `st_dev` of every kura file.
+const KURA_DEV_MAJOR: u32 = 0;
+const KURA_DEV_MINOR: u32 = 0x6b75;
+/// Bytes copied per step when emulating `copy_file_range`/`sendfile`.
+const COPY_STEP_BYTES: usize = 128 << 10;
+/// Lock files live here (one per inode), for `flock` and `fcntl` locks between processes.
+const LOCK_DIR_DEFAULT: &str = "/tmp/kura-fs-locks";
+/// `getcwd(NULL, 0)` allocates this much at most.
+const CWD_BYTES_MAX: usize = 4096;
+
+/// Raw system calls (the kernel's answer, errno set by `syscall(3)` on failure).
+pub mod raw {
+    use std::ffi::{c_long, c_void};
+
+    pub fn close(fd: i32) {
+        // SAFETY: close takes an integer.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+
+    fn res(r: c_long) -> Result<c_long, i32> {
+        if r < 0 { Err(super::errno()) } else { Ok(r) }
+    }
+
+    pub fn memfd_create(name: &[u8], flags: u32) -> Result<i32, i32> {
+        debug_assert_eq!(name.last(), Some(&0));
+        // SAFETY: name is NUL-terminated.
+        res(unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) }).map(|fd| fd as i32)
+    }
+
+    pub fn ftruncate(fd: i32, len: i64) -> Result<(), i32> {
+        // SAFETY: integers only.
+        res(unsafe { libc::syscall(libc::SYS_ftruncate, fd, len) }).map(|_| ())
+    }
+
+    pub fn fcntl(fd: i32, cmd: i32, arg: c_long) -> Result<i32, i32> {
+        // SAFETY: the commands used here take integer arguments.
+        res(unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) }).map(|r| r as i32)
+    }
+
+    pub fn mmap_shared(fd: i32, len: usize) -> Result<*mut c_void, i32> {
+        // SAFETY: a new shared mapping of `fd`; the kernel picks the address.
+        let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0i64) };
+        if (p as isize) < 0 && (p as isize) > -4096 { Err(-(p as isize) as i32) } else if p == -1 { Err(super::errno()) } else { Ok(p as *mut c_void) }
+    }
+
+    /// # Safety
+    /// `addr..addr+len` must be a mapping nothing uses any more.
+    pub unsafe fn munmap(addr: *mut c_void, len: usize) {
+        // SAFETY: the caller's promise.
+        unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
+    }
+
+    pub fn readlink(path: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
+        debug_assert_eq!(path.last(), Some(&0));
+        // SAFETY: path is NUL-terminated; buf is writable for its length.
+        res(unsafe { libc::syscall(libc::SYS_readlinkat, libc::AT_FDCWD, path.as_ptr(), buf.as_mut_ptr(), buf.len()) }).map(|n| n as usize)
+    }
+}
+
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Writes `msg` to stderr (raw, so it never re-enters the hooks).
+pub fn complain(msg: &str) {
+    if std::env::var_os("KURA_FS_QUIET").is_some() {
+        return;
+    }
+    let line = format!("{msg}\n");
+    // SAFETY: writing our own buffer to fd 2.
+    unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
+}
+
+fn fs_errno(e: FsError) -> i32 {
+    if matches!(e, FsError::Io(_) | FsError::Corrupt { .. }) && std::env::var_os("KURA_FS_DEBUG").is_some() {
+        complain(&format!("libkura_fs: {e}"));
+    }
+    e.errno()
+}
+
+/// -1 with errno, or the value.
+fn ret(r: Result<c_long, i32>) -> c_long {
+    match r {
+        Ok(v) => v,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn ret_int(r: Result<c_int, i32>) -> c_int {
+    ret(r.map(c_long::from)) as c_int
+}
+
+/// Runs a hook body, catching panics (EIO).
+fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => {
+            set_errno(libc::EIO);
+            on_panic
+        }
+    }
+}
+
+/// The state when hooks are active and this thread is not inside kura code.
+#[inline]
+fn active() -> Option<&'static State> {
+    let s = state::get()?;
+    if state::busy() || !s.active.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    Some(s)
+}
+
+/// Runs `f` with the file system (as kura code: nested libc calls go to the kernel).
+fn with_fs<T>(state: &State, f: impl FnOnce(&Arc<Fs>) -> Result<T, i32>) -> Result<T, i32> {
+    let _busy = Busy::enter();
+    let fs = state.fs().map_err(fs_errno)?;
+    f(&fs)
+}
+
+fn owner() -> Owner {
+    // SAFETY: geteuid/getegid cannot fail.
+    unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } }
+}
+
+fn umask_now() -> u32 {
+    // SAFETY: umask takes and returns integers; the old mask is put back at once.
+    unsafe {
+        let m = libc::syscall(libc::SYS_umask, 0);
+        libc::syscall(libc::SYS_umask, m);
+        m as u32
+    }
+}
+
+/// The node of an open regular file (opened now if this process inherited the descriptor).
+fn node_of(fs: &Arc<Fs>, of: &OpenFile) -> Result<Arc<kura_fs::Node>, i32> {
+    if let Some(n) = of.node() {
+        return Ok(Arc::clone(n));
+    }
+    let inode = fs.getattr(of.ino).map_err(fs_errno)?;
+    Ok(Arc::clone(of.set_node(fs.open_node(&inode))))
+}
+
+/// Resolves a kura target.
+fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<Resolved, i32> {
+    fs.resolve(start, rel, Follow { last: follow_last }, &state.mount).map_err(fs_errno)
+}
+
+// ---------------------------------------------------------------------------------------
+// stat
+
+fn fill_stat(st: *mut libc::stat, inode: &Inode, chunk: usize) {
+    // SAFETY: the caller's buffer is a struct stat; all-zero is a valid one.
+    let s = unsafe { &mut *st };
+    // SAFETY: as above.
+    *s = unsafe { std::mem::zeroed() };
+    s.st_dev = libc::makedev(KURA_DEV_MAJOR, KURA_DEV_MINOR);
+    s.st_ino = inode.ino;
+    s.st_nlink = u64::from(inode.nlink);
+    s.st_mode = inode.mode;
+    s.st_uid = inode.uid;
+    s.st_gid = inode.gid;
+    s.st_rdev = u64::from(inode.rdev);
+    s.st_size = inode.size as i64;
+    s.st_blksize = chunk as i64;
+    s.st_blocks = (inode.size.div_ceil(512)) as i64;
+    s.st_atime = inode.atime_ns.div_euclid(1_000_000_000);
+    s.st_atime_nsec = inode.atime_ns.rem_euclid(1_000_000_000);
+    s.st_mtime = inode.mtime_ns.div_euclid(1_000_000_000);
+    s.st_mtime_nsec = inode.mtime_ns.rem_euclid(1_000_000_000);
+    s.st_ctime = inode.ctime_ns.div_euclid(1_000_000_000);
+    s.st_ctime_nsec = inode.ctime_ns.rem_euclid(1_000_000_000);
+}
+
+fn fill_statx(st: *mut libc::statx, inode: &Inode, chunk: usize) {
+    // SAFETY: the caller's buffer is a struct statx; all-zero is a valid one.
+    let s = unsafe { &mut *st };
+    // SAFETY: as above.
+    *s = unsafe { std::mem::zeroed() };
+    let ts = |ns: i64| {
+        // SAFETY: statx_timestamp is plain data; all-zero is valid.
+        let mut t: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+        t.tv_sec = ns.div_euclid(1_000_000_000);
+        t.tv_nsec = ns.rem_euclid(1_000_000_000) as u32;
+        t
+    };
+    s.stx_mask = libc::STATX_BASIC_STATS;
+    s.stx_blksize = chunk as u32;
+    s.stx_nlink = inode.nlink;
+    s.stx_uid = inode.uid;
+    s.stx_gid = inode.gid;
+    s.stx_mode = inode.mode as u16;
+    s.stx_ino = inode.ino;
+    s.stx_size = inode.size;
+    s.stx_blocks = inode.size.div_ceil(512);
+    s.stx_atime = ts(inode.atime_ns);
+    s.stx_mtime = ts(inode.mtime_ns);
+    s.stx_ctime = ts(inode.ctime_ns);
+    s.stx_btime = ts(inode.ctime_ns);
+    s.stx_rdev_major = libc::major(u64::from(inode.rdev));
+    s.stx_rdev_minor = libc::minor(u64::from(inode.rdev));
+    s.stx_dev_major = KURA_DEV_MAJOR;
+    s.stx_dev_minor = KURA_DEV_MINOR;
+}
+
+/// The inode a stat-like call names: a kura descriptor (`AT_EMPTY_PATH`) or path. `Ok(None)`:
+/// the kernel's.
+fn stat_target(state: &State, dirfd: c_int, path: *const c_char, flags: c_int) -> Result<Option<Result<(Inode, usize), Vec<u8>>>, i32> {
+    // SAFETY: libc's contract: path is NULL or NUL-terminated.
+    let p = unsafe { bytes(path) };
+    if p.is_none_or(<[u8]>::is_empty) {
+        if flags & libc::AT_EMPTY_PATH != 0
+            && let Some(of) = state.fds.get(dirfd)
+        {
+            return with_fs(state, |fs| Ok(Some(Ok((fs.getattr(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes())))));
+        }
+        return Ok(None);
+    }
+    let p = p.expect("checked");
+    match classify(state, dirfd, p)? {
+        Target::Kernel => Ok(None),
+        Target::KernelAbs(abs) => Ok(Some(Err(abs))),
+        Target::Kura { start, rel, .. } => with_fs(state, |fs| match resolve(state, fs, start, &rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
+            Resolved::Found { entry, .. } => Ok(Some(Ok((fs.getattr(entry.ino).map_err(fs_errno)?, fs.chunk_size_bytes())))),
+            Resolved::Missing { .. } => Err(libc::ENOENT),
+            Resolved::Outside(abs) => Ok(Some(Err(c_path(&abs)))),
+        }),
+    }
+}
+
+extern "C" fn h_fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |dirfd: c_int, path: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_newfstatat, dirfd, path, buf, flags) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(dirfd, path) };
+        match stat_target(state, dirfd, path, flags) {
+            Ok(None) => raw_call(dirfd, path),
+            Ok(Some(Err(abs))) => raw_call(libc::AT_FDCWD, abs.as_ptr().cast()),
+            Ok(Some(Ok((inode, chunk)))) => {
+                fill_stat(buf, &inode, chunk);
+                0
+            }
+            Err(e) => ret_int(Err(e)),
+        }
+    })
+}
+
+extern "C" fn h_stat(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    h_fstatat(libc::AT_FDCWD, path, buf, 0)
+}
+
+extern "C" fn h_lstat(path: *const c_char, buf: *mut libc::stat) -> c_int {
+    h_fstatat(libc::AT_FDCWD, path, buf, libc::AT_SYMLINK_NOFOLLOW)
+}
+
+extern "C" fn h_fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(with_fs(state, |fs| {
+                fill_stat(buf, &fs.getattr(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes());
+                Ok(0)
+            }));
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_fstat, fd, buf) as c_int }
+    })
+}
+
+extern "C" fn h_xstat(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
+    h_stat(path, buf)
+}
+
+extern "C" fn h_lxstat(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int {
+    h_lstat(path, buf)
+}
+
+extern "C" fn h_fxstat(_ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
+    h_fstat(fd, buf)
+}
+
+extern "C" fn h_fxstatat(_ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
+    h_fstatat(dirfd, path, buf, flags)
+}
+
+extern "C" fn h_statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int {
+    guard(-1, || {
+        let raw_call = |dirfd: c_int, path: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_statx, dirfd, path, flags, mask, buf) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(dirfd, path) };
+        match stat_target(state, dirfd, path, flags) {
+            Ok(None) => raw_call(dirfd, path),
+            Ok(Some(Err(abs))) => raw_call(libc::AT_FDCWD, abs.as_ptr().cast()),
+            Ok(Some(Ok((inode, chunk)))) => {
+                fill_statx(buf, &inode, chunk);
+                0
+            }
+            Err(e) => ret_int(Err(e)),
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// open, close, dup
+
+/// Opens a kura path; `Ok(fd)` may be a kernel descriptor when a symlink led outside.
+fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<c_int, i32> {
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let creat = flags & libc::O_CREAT != 0;
+    let excl = flags & libc::O_EXCL != 0;
+    let accmode = flags & libc::O_ACCMODE;
+    let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
+    let inode = match resolve(state, fs, start, rel, follow)? {
+        Resolved::Outside(abs) => {
+            let p = c_path(&abs);
+            // SAFETY: a NUL-terminated path of ours and the caller's flags and mode.
+            let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), flags, mode) };
+            return if fd < 0 { Err(errno()) } else { Ok(fd as c_int) };
+        }
+        Resolved::Missing { parent, name } => {
+            if !creat {
+                return Err(libc::ENOENT);
+            }
+            if rel.ends_with(b"/") {
+                return Err(libc::EISDIR);
+            }
+            let perm = mode & 0o7777 & !umask_now();
+            fs.create(parent, &name, libc::S_IFREG | perm, 0, b"", owner(), excl).map_err(fs_errno)?.0
+        }
+        Resolved::Found { entry, .. } => {
+            if creat && excl {
+                return Err(libc::EEXIST);
+            }
+            let inode = fs.getattr(entry.ino).map_err(fs_errno)?;
+            match inode.mode & libc::S_IFMT {
+                libc::S_IFLNK => return Err(libc::ELOOP),
+                libc::S_IFDIR => {
+                    if accmode != libc::O_RDONLY || creat {
+                        return Err(libc::EISDIR);
+                    }
+                }
+                libc::S_IFREG => {
+                    if flags & libc::O_DIRECTORY != 0 {
+                        return Err(libc::ENOTDIR);
+                    }
+                    if flags & libc::O_TRUNC != 0 && accmode != libc::O_RDONLY && inode.size != 0 {
+                        fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
+                    }
+                }
+                _ => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ENXIO }),
+            }
+            inode
+        }
+    };
+    let is_dir = kura_fs::layout::is_dir(inode.mode);
+    let inode = if !is_dir && flags & libc::O_TRUNC != 0 { fs.getattr(inode.ino).map_err(fs_errno)? } else { inode };
+    let (fd, file) = create_placeholder(inode.ino, is_dir, flags, abs)?;
+    if !is_dir {
+        file.set_node(fs.open_node(&inode));
+    }
+    state.fds.install(fd, Arc::new(file));
+    Ok(fd)
+}
+
+extern "C" fn h_openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    guard(-1, || {
+        let raw_call = |dirfd: c_int, path: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_openat, dirfd, path, flags, mode) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(dirfd, path) };
+        // SAFETY: libc's contract.
+        let Some(p) = (unsafe { bytes(path) }) else { return raw_call(dirfd, path) };
+        match classify(state, dirfd, p) {
+            Err(e) => ret_int(Err(e)),
+            Ok(Target::Kernel) => raw_call(dirfd, path),
+            Ok(Target::KernelAbs(abs)) => raw_call(libc::AT_FDCWD, abs.as_ptr().cast()),
+            Ok(Target::Kura { start, rel, abs }) => ret_int(with_fs(state, |fs| kura_open(state, fs, start, &rel, &abs, flags, mode))),
+        }
+    })
+}
+
+extern "C" fn h_open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    h_openat(libc::AT_FDCWD, path, flags, mode)
+}
+
+extern "C" fn h_open_2(path: *const c_char, flags: c_int) -> c_int {
+    h_openat(libc::AT_FDCWD, path, flags, 0)
+}
+
+extern "C" fn h_openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    h_openat(dirfd, path, flags, 0)
+}
+
+extern "C" fn h_creat(path: *const c_char, mode: c_uint) -> c_int {
+    h_openat(libc::AT_FDCWD, path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, mode)
+}
+
+/// The last reference of this process to an open file went away: release its node.
+fn final_release(state: &State, of: Arc<OpenFile>) -> Result<(), i32> {
+    let Ok(mut file) = Arc::try_unwrap(of) else {
+        return Ok(());
+    };
+    let Some(node) = file.take_node() else {
+        return Ok(());
+    };
+    with_fs(state, |fs| fs.release(&node).map_err(fs_errno))
+}
+
+extern "C" fn h_close(fd: c_int) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.remove(fd)
+        {
+            raw::close(fd);
+            return ret_int(final_release(state, of).map(|()| 0));
+        }
+        // SAFETY: close takes an integer.
+        unsafe { libc::syscall(libc::SYS_close, fd) as c_int }
+    })
+}
+
+fn install_dup(state: &State, of: Arc<OpenFile>, newfd: c_long) -> c_int {
+    if newfd >= 0
+        && let Some(prev) = state.fds.install(newfd as c_int, of)
+    {
+        let _ = final_release(state, prev);
+    }
+    newfd as c_int
+}
+
+extern "C" fn h_dup(fd: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: dup takes an integer.
+        let newfd = unsafe { libc::syscall(libc::SYS_dup, fd) };
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return install_dup(state, of, newfd);
+        }
+        newfd as c_int
+    })
+}
+
+extern "C" fn h_dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: dup3 takes integers.
+        let r = unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) };
+        let Some(state) = active() else { return r as c_int };
+        if r < 0 {
+            return r as c_int;
+        }
+        match state.fds.get(old) {
+            Some(of) => install_dup(state, of, r),
+            None => {
+                if let Some(prev) = state.fds.remove(new) {
+                    let _ = final_release(state, prev);
+                }
+                r as c_int
+            }
+        }
+    })
+}
+
+extern "C" fn h_dup2(old: c_int, new: c_int) -> c_int {
+    guard(-1, || {
+        if old == new {
+            // dup2 onto itself only checks that `old` is open.
+            // SAFETY: fcntl with F_GETFD takes integers.
+            let r = unsafe { libc::syscall(libc::SYS_fcntl, old, libc::F_GETFD) };
+            return if r < 0 { -1 } else { new };
+        }
+        h_dup3(old, new, 0)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// read, write, seek
+
+fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Option<u64>) -> Result<c_long, i32> {
+    if of.is_dir {
+        return Err(libc::EISDIR);
+    }
+    let flags = of.flags();
+    if flags & libc::O_ACCMODE == libc::O_WRONLY {
+        return Err(libc::EBADF);
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer is writable for `count` bytes (read(2)'s contract).
+    let out = unsafe { std::slice::from_raw_parts_mut(buf, count) };
+    with_fs(state, |fs| {
+        let node = node_of(fs, of)?;
+        let offset = at.unwrap_or_else(|| of.offset());
+        let n = if flags & libc::O_DIRECT != 0 { fs.read_direct(&node, offset, out) } else { fs.read(&node, offset, out) }.map_err(fs_errno)?;
+        if at.is_none() {
+            of.set_offset(offset + n as u64);
+        }
+        Ok(n as c_long)
+    })
+}
+
+fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Option<u64>) -> Result<c_long, i32> {
+    if of.is_dir {
+        return Err(libc::EISDIR);
+    }
+    let flags = of.flags();
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(libc::EBADF);
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer is readable for `count` bytes (write(2)'s contract).
+    let data = unsafe { std::slice::from_raw_parts(buf, count) };
+    let mode = match (flags & libc::O_DIRECT != 0, flags & libc::O_DSYNC != 0) {
+        (false, false) => WriteMode::Buffered,
+        (false, true) => WriteMode::Sync,
+        (true, false) => WriteMode::Direct,
+        (true, true) => WriteMode::DirectSync,
+    };
+    with_fs(state, |fs| {
+        let node = node_of(fs, of)?;
+        let offset = if flags & libc::O_APPEND != 0 { fs.size_of(&node).map_err(fs_errno)? } else { at.unwrap_or_else(|| of.offset()) };
+        let n = fs.write(&node, offset, data, mode).map_err(fs_errno)?;
+        if at.is_none() {
+            of.set_offset(offset + n as u64);
+        }
+        Ok(n as c_long)
+    })
+}
+
+extern "C" fn h_read(fd: c_int, buf: *mut c_void, count: usize) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret(kura_read(state, &of, buf.cast(), count, None)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_read, fd, buf, count) as isize }
+    })
+}
+
+extern "C" fn h_write(fd: c_int, buf: *const c_void, count: usize) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret(kura_write(state, &of, buf.cast(), count, None)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_write, fd, buf, count) as isize }
+    })
+}
+
+extern "C" fn h_pread(fd: c_int, buf: *mut c_void, count: usize, offset: i64) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            if offset < 0 {
+                return ret(Err(libc::EINVAL)) as isize;
+            }
+            return ret(kura_read(state, &of, buf.cast(), count, Some(offset as u64))) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_pread64, fd, buf, count, offset) as isize }
+    })
+}
+
+extern "C" fn h_pwrite(fd: c_int, buf: *const c_void, count: usize, offset: i64) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            if offset < 0 {
+                return ret(Err(libc::EINVAL)) as isize;
+            }
+            return ret(kura_write(state, &of, buf.cast(), count, Some(offset as u64))) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf, count, offset) as isize }
+    })
+}
+
+/// The iovecs as slices.
+///
+/// # Safety
+/// `iov` points to `cnt` iovecs, each valid for its length.
+unsafe fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Result<&'a [libc::iovec], i32> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(libc::EINVAL);
+    }
+    if cnt == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: the caller's promise.
+    Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
+}
+
+fn kura_readv(state: &State, of: &OpenFile, iov: *const libc::iovec, cnt: c_int, at: Option<u64>) -> Result<c_long, i32> {
+    // SAFETY: readv(2)'s contract.
+    let iov = unsafe { iovecs(iov, cnt)? };
+    let mut total: c_long = 0;
+    let mut offset = at;
+    for v in iov {
+        let n = kura_read(state, of, v.iov_base.cast(), v.iov_len, offset)?;
+        total += n;
+        if let Some(o) = offset.as_mut() {
+            *o += n as u64;
+        }
+        if (n as usize) < v.iov_len {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+fn kura_writev(state: &State, of: &OpenFile, iov: *const libc::iovec, cnt: c_int, at: Option<u64>) -> Result<c_long, i32> {
+    // SAFETY: writev(2)'s contract.
+    let iov = unsafe { iovecs(iov, cnt)? };
+    // One write, so the data lands at one offset (O_APPEND) as writev promises.
+    let mut all = Vec::with_capacity(iov.iter().map(|v| v.iov_len).sum());
+    for v in iov.iter().filter(|v| v.iov_len > 0) {
+        // SAFETY: each iovec is readable for its length.
+        all.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) });
+    }
+    kura_write(state, of, all.as_ptr(), all.len(), at)
+}
+
+extern "C" fn h_readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret(kura_readv(state, &of, iov, cnt, None)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_readv, fd, iov, cnt) as isize }
+    })
+}
+
+extern "C" fn h_writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret(kura_writev(state, &of, iov, cnt, None)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_writev, fd, iov, cnt) as isize }
+    })
+}
+
+extern "C" fn h_preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: i64) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            let at = if offset == -1 { None } else { Some(offset as u64) };
+            return ret(kura_readv(state, &of, iov, cnt, at)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel (offset split as the ABI wants).
+        unsafe { libc::syscall(libc::SYS_preadv, fd, iov, cnt, offset, 0) as isize }
+    })
+}
+
+extern "C" fn h_pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: i64) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            let at = if offset == -1 { None } else { Some(offset as u64) };
+            return ret(kura_writev(state, &of, iov, cnt, at)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_pwritev, fd, iov, cnt, offset, 0) as isize }
+    })
+}
+
+extern "C" fn h_preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: i64, flags: c_int) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && state.fds.contains(fd)
+        {
+            return h_preadv(fd, iov, cnt, offset);
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_preadv2, fd, iov, cnt, offset, 0, flags) as isize }
+    })
+}
+
+extern "C" fn h_pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: i64, flags: c_int) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && state.fds.contains(fd)
+        {
+            return h_pwritev(fd, iov, cnt, offset);
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_pwritev2, fd, iov, cnt, offset, 0, flags) as isize }
+    })
+}
+
+fn kura_lseek(state: &State, of: &OpenFile, offset: i64, whence: c_int) -> Result<c_long, i32> {
+    if of.is_dir {
+        if whence != libc::SEEK_SET || offset < 0 {
+            return Err(libc::EINVAL);
+        }
+        if offset == 0 {
+            *of.listing.lock() = None;
+        }
+        of.set_offset(offset as u64);
+        return Ok(offset as c_long);
+    }
+    let size = with_fs(state, |fs| fs.size_of(&node_of(fs, of)?).map_err(fs_errno))? as i64;
+    let new = match whence {
+        libc::SEEK_SET => offset,
+        libc::SEEK_CUR => (of.offset() as i64).checked_add(offset).ok_or(libc::EOVERFLOW)?,
+        libc::SEEK_END => size.checked_add(offset).ok_or(libc::EOVERFLOW)?,
+        libc::SEEK_DATA => {
+            if offset >= size || offset < 0 {
+                return Err(libc::ENXIO);
+            }
+            offset
+        }
+        libc::SEEK_HOLE => {
+            if offset >= size || offset < 0 {
+                return Err(libc::ENXIO);
+            }
+            size
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    if new < 0 {
+        return Err(libc::EINVAL);
+    }
+    of.set_offset(new as u64);
+    Ok(new as c_long)
+}
+
+extern "C" fn h_lseek(fd: c_int, offset: i64, whence: c_int) -> i64 {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret(kura_lseek(state, &of, offset, whence));
+        }
+        // SAFETY: integers only.
+        unsafe { libc::syscall(libc::SYS_lseek, fd, offset, whence) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// sync, truncate, allocate
+
+extern "C" fn h_fsync(fd: c_int) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(with_fs(state, |fs| {
+                if of.is_dir {
+                    fs.kv().flush().map_err(fs_errno)?;
+                } else {
+                    fs.fsync(&node_of(fs, &of)?).map_err(fs_errno)?;
+                }
+                Ok(0)
+            }));
+        }
+        // SAFETY: an integer.
+        unsafe { libc::syscall(libc::SYS_fsync, fd) as c_int }
+    })
+}
+
+extern "C" fn h_fdatasync(fd: c_int) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && state.fds.contains(fd)
+        {
+            return h_fsync(fd);
+        }
+        // SAFETY: an integer.
+        unsafe { libc::syscall(libc::SYS_fdatasync, fd) as c_int }
+    })
+}
+
+extern "C" fn h_sync() {
+    guard((), || {
+        if let Some(state) = active()
+            && let Some(fs) = state.fs_if_open()
+        {
+            let _busy = Busy::enter();
+            let _ = fs.sync_all();
+        }
+        // SAFETY: no arguments.
+        unsafe { libc::syscall(libc::SYS_sync) };
+    })
+}
+
+extern "C" fn h_syncfs(fd: c_int) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && state.fds.contains(fd)
+        {
+            return ret_int(with_fs(state, |fs| fs.sync_all().map(|()| 0).map_err(fs_errno)));
+        }
+        // SAFETY: an integer.
+        unsafe { libc::syscall(libc::SYS_syncfs, fd) as c_int }
+    })
+}
+
+fn kura_set_size(state: &State, of: &OpenFile, size: i64) -> Result<c_int, i32> {
+    if size < 0 {
+        return Err(libc::EINVAL);
+    }
+    if of.is_dir || of.flags() & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(if of.is_dir { libc::EISDIR } else { libc::EINVAL });
+    }
+    with_fs(state, |fs| {
+        node_of(fs, of)?;
+        fs.setattr(of.ino, SetAttr { size: Some(size as u64), ..SetAttr::default() }).map_err(fs_errno)?;
+        Ok(0)
+    })
+}
+
+extern "C" fn h_ftruncate(fd: c_int, len: i64) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(kura_set_size(state, &of, len));
+        }
+        // SAFETY: integers.
+        unsafe { libc::syscall(libc::SYS_ftruncate, fd, len) as c_int }
+    })
+}
+
+extern "C" fn h_truncate(path: *const c_char, len: i64) -> c_int {
+    guard(-1, || {
+        let raw_call = |p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_truncate, p, len) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(path) };
+        // SAFETY: libc's contract.
+        let Some(p) = (unsafe { bytes(path) }) else { return raw_call(path) };
+        match classify(state, libc::AT_FDCWD, p) {
+            Err(e) => ret_int(Err(e)),
+            Ok(Target::Kernel) => raw_call(path),
+            Ok(Target::KernelAbs(abs)) => raw_call(abs.as_ptr().cast()),
+            Ok(Target::Kura { start, rel, .. }) => ret_int(with_fs(state, |fs| {
+                if len < 0 {
+                    return Err(libc::EINVAL);
+                }
+                match resolve(state, fs, start, &rel, true)? {
+                    Resolved::Found { entry, .. } => {
+                        fs.setattr(entry.ino, SetAttr { size: Some(len as u64), ..SetAttr::default() }).map_err(fs_errno)?;
+                        Ok(0)
+                    }
+                    Resolved::Missing { .. } => Err(libc::ENOENT),
+                    Resolved::Outside(abs) => {
+                        let p = c_path(&abs);
+                        let r = raw_call(p.as_ptr().cast());
+                        if r < 0 { Err(errno()) } else { Ok(r) }
+                    }
+                }
+            })),
+        }
+    })
+}
+
+fn kura_fallocate(state: &State, of: &OpenFile, mode: c_int, offset: i64, len: i64) -> Result<c_int, i32> {
+    if offset < 0 || len <= 0 {
+        return Err(libc::EINVAL);
+    }
+    if of.flags() & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(libc::EBADF);
+    }
+    let end = (offset as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
+    with_fs(state, |fs| {
+        let node = node_of(fs, of)?;
+        let size = fs.size_of(&node).map_err(fs_errno)?;
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => {}
+            m if m == libc::FALLOC_FL_PUNCH_HOLE || m == libc::FALLOC_FL_ZERO_RANGE => {
+                if m == libc::FALLOC_FL_PUNCH_HOLE && !keep {
+                    return Err(libc::EOPNOTSUPP);
+                }
+                let stop = if keep { end.min(size) } else { end };
+                let mut at = offset as u64;
+                let zeros = vec![0u8; COPY_STEP_BYTES];
+                while at < stop {
+                    let n = ((stop - at) as usize).min(COPY_STEP_BYTES);
+                    fs.write(&node, at, &zeros[..n], WriteMode::Buffered).map_err(fs_errno)?;
+                    at += n as u64;
+                }
+                return Ok(0);
+            }
+            _ => return Err(libc::EOPNOTSUPP),
+        }
+        if !keep && end > size {
+            fs.setattr(of.ino, SetAttr { size: Some(end), ..SetAttr::default() }).map_err(fs_errno)?;
+        }
+        Ok(0)
+    })
+}
+
+extern "C" fn h_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(kura_fallocate(state, &of, mode, offset, len));
+        }
+        // SAFETY: integers.
+        unsafe { libc::syscall(libc::SYS_fallocate, fd, mode, offset, len) as c_int }
+    })
+}
+
+/// posix_fallocate returns the error number instead of setting errno.
+extern "C" fn h_posix_fallocate(fd: c_int, offset: i64, len: i64) -> c_int {
+    guard(libc::EIO, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return kura_fallocate(state, &of, 0, offset, len).err().unwrap_or(0);
+        }
+        // SAFETY: integers.
+        let r = unsafe { libc::syscall(libc::SYS_fallocate, fd, 0, offset, len) };
+        if r < 0 { errno() } else { 0 }
+    })
+}
+
+extern "C" fn h_posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -> c_int {
+    guard(libc::EIO, || {
+        if let Some(state) = active()
+            && state.fds.contains(fd)
+        {
+            return 0;
+        }
+        // SAFETY: integers.
+        let r = unsafe { libc::syscall(libc::SYS_fadvise64, fd, offset, len, advice) };
+        if r < 0 { errno() } else { 0 }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// fcntl, flock
+
+fn lock_fd(of: &OpenFile) -> Result<c_int, i32> {
+    let mut slot = of.lock_fd.lock();
+    if let Some(fd) = *slot {
+        return Ok(fd);
+    }
+    let dir = std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned());
+    let dir_c = c_path(dir.as_bytes());
+    // SAFETY: NUL-terminated path; the result (EEXIST included) is checked by the open below.
+    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir_c.as_ptr(), 0o1777) };
+    let fs_name = std::env::var("KURA_FS_NAME").unwrap_or_else(|_| "default".into());
+    let file = c_path(format!("{dir}/{fs_name}-{:x}", of.ino).as_bytes());
+    // SAFETY: NUL-terminated path, integer flags.
+    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, file.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    *slot = Some(fd as c_int);
+    Ok(fd as c_int)
+}
+
+extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            let _busy = Busy::enter();
+            return ret_int(lock_fd(&of).and_then(|lfd| {
+                // SAFETY: integers.
+                let r = unsafe { libc::syscall(libc::SYS_flock, lfd, op) };
+                if r < 0 { Err(errno()) } else { Ok(0) }
+            }));
+        }
+        // SAFETY: integers.
+        unsafe { libc::syscall(libc::SYS_flock, fd, op) as c_int }
+    })
+}
+
+/// Flags `F_SETFL` may change.
+const SETFL_MASK: c_int = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME | libc::O_ASYNC;
+
+extern "C" fn h_fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
+    guard(-1, || {
+        let raw_call = || {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int }
+        };
+        let Some(state) = active() else { return raw_call() };
+        let Some(of) = state.fds.get(fd) else {
+            return raw_call();
+        };
+        match cmd {
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+                let r = raw_call();
+                if r < 0 {
+                    return r;
+                }
+                install_dup(state, of, c_long::from(r))
+            }
+            libc::F_GETFL => of.flags() & !libc::O_CLOEXEC,
+            libc::F_SETFL => {
+                let flags = (of.flags() & !SETFL_MASK) | (arg as c_int & SETFL_MASK);
+                of.set_flags(flags);
+                0
+            }
+            libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
+                let _busy = Busy::enter();
+                ret_int(lock_fd(&of).and_then(|lfd| {
+                    // SAFETY: `arg` is the caller's struct flock pointer, passed on.
+                    let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, arg) };
+                    if r < 0 { Err(errno()) } else { Ok(r as c_int) }
+                }))
+            }
+            libc::F_GETFD | libc::F_SETFD => raw_call(),
+            libc::F_SETLEASE | libc::F_GETLEASE | libc::F_NOTIFY | libc::F_SETPIPE_SZ | libc::F_GETPIPE_SZ | libc::F_ADD_SEALS | libc::F_GET_SEALS => ret_int(Err(libc::EINVAL)),
+            _ => raw_call(),
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// namespace
+
+/// Runs a path operation: the kernel's `raw_call(dirfd, path)` or `kura(fs, start, rel)`.
+fn path_op(dirfd: c_int, path: *const c_char, raw_call: impl Fn(c_int, *const c_char) -> c_int, kura: impl FnOnce(&State, &Arc<Fs>, u64, &[u8], &[u8]) -> Result<c_int, i32>) -> c_int {
+    let Some(state) = active() else { return raw_call(dirfd, path) };
+    // SAFETY: libc's contract.
+    let Some(p) = (unsafe { bytes(path) }) else { return raw_call(dirfd, path) };
+    match classify(state, dirfd, p) {
+        Err(e) => ret_int(Err(e)),
+        Ok(Target::Kernel) => raw_call(dirfd, path),
+        Ok(Target::KernelAbs(abs)) => raw_call(libc::AT_FDCWD, abs.as_ptr().cast()),
+        Ok(Target::Kura { start, rel, abs }) => ret_int(with_fs(state, |fs| kura(state, fs, start, &rel, &abs))),
+    }
+}
+
+/// For operations that follow the kernel after a symlink led outside.
+fn outside(abs: &[u8], raw_call: &dyn Fn(c_int, *const c_char) -> c_int) -> Result<c_int, i32> {
+    let p = c_path(abs);
+    let r = raw_call(libc::AT_FDCWD, p.as_ptr().cast());
+    if r < 0 { Err(errno()) } else { Ok(r) }
+}
+
+fn last_component(rel: &[u8]) -> &[u8] {
+    let trimmed = rel.strip_suffix(b"/").unwrap_or(rel);
+    trimmed.rsplit(|&b| b == b'/').next().unwrap_or(trimmed)
+}
+
+extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_mkdirat, d, p, mode) as c_int }
+        };
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
+            Resolved::Found { .. } => Err(libc::EEXIST),
+            Resolved::Missing { parent, name } => {
+                fs.mkdir(parent, &name, mode & 0o7777 & !umask_now(), owner()).map_err(fs_errno)?;
+                Ok(0)
+            }
+            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        })
+    })
+}
+
+extern "C" fn h_mkdir(path: *const c_char, mode: c_uint) -> c_int {
+    h_mkdirat(libc::AT_FDCWD, path, mode)
+}
+
+extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: libc::dev_t) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_mknodat, d, p, mode, dev) as c_int }
+        };
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
+            Resolved::Found { .. } => Err(libc::EEXIST),
+            Resolved::Missing { parent, name } => {
+                let kind = if mode & libc::S_IFMT == 0 { libc::S_IFREG } else { mode & libc::S_IFMT };
+                let perm = mode & 0o7777 & !umask_now();
+                fs.create(parent, &name, kind | perm, dev as u32, b"", owner(), true).map_err(fs_errno)?;
+                Ok(0)
+            }
+            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        })
+    })
+}
+
+extern "C" fn h_mknod(path: *const c_char, mode: c_uint, dev: libc::dev_t) -> c_int {
+    h_mknodat(libc::AT_FDCWD, path, mode, dev)
+}
+
+extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_unlinkat, d, p, flags) as c_int }
+        };
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| {
+            let rmdir = flags & libc::AT_REMOVEDIR != 0;
+            if rmdir {
+                match last_component(rel) {
+                    b"." => return Err(libc::EINVAL),
+                    b".." => return Err(libc::ENOTEMPTY),
+                    _ => {}
+                }
+            }
+            match resolve(state, fs, start, rel.strip_suffix(b"/").filter(|_| rmdir).unwrap_or(rel), false)? {
+                Resolved::Found { parent, name, entry } => {
+                    if name.is_empty() {
+                        return Err(libc::EBUSY);
+                    }
+                    if rmdir {
+                        fs.rmdir(parent, &name).map_err(fs_errno)?;
+                    } else {
+                        if entry.dtype == libc::DT_DIR {
+                            return Err(libc::EISDIR);
+                        }
+                        fs.unlink(parent, &name).map_err(fs_errno)?;
+                    }
+                    Ok(0)
+                }
+                Resolved::Missing { .. } => Err(libc::ENOENT),
+                Resolved::Outside(abs) => outside(&abs, &raw_call),
+            }
+        })
+    })
+}
+
+extern "C" fn h_unlink(path: *const c_char) -> c_int {
+    h_unlinkat(libc::AT_FDCWD, path, 0)
+}
+
+extern "C" fn h_rmdir(path: *const c_char) -> c_int {
+    h_unlinkat(libc::AT_FDCWD, path, libc::AT_REMOVEDIR)
+}
+
+extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_uint) -> c_int {
+    guard(-1, || {
+        let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_renameat2, od, o, nd, n, flags) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(olddir, old, newdir, new) };
+        // SAFETY: libc's contract.
+        let (Some(o), Some(n)) = (unsafe { bytes(old) }, unsafe { bytes(new) }) else {
+            return raw_call(olddir, old, newdir, new);
+        };
+        let (ot, nt) = match (classify(state, olddir, o), classify(state, newdir, n)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return ret_int(Err(e)),
+        };
+        let kernel_path = |t: &Target, dir: c_int, p: *const c_char| -> Option<(c_int, *const c_char)> {
+            match t {
+                Target::Kernel => Some((dir, p)),
+                Target::KernelAbs(abs) => Some((libc::AT_FDCWD, abs.as_ptr().cast())),
+                Target::Kura { .. } => None,
+            }
+        };
+        match (kernel_path(&ot, olddir, old), kernel_path(&nt, newdir, new)) {
+            (Some((od, op)), Some((nd, np))) => return raw_call(od, op, nd, np),
+            (None, None) => {}
+            _ => return ret_int(Err(libc::EXDEV)),
+        }
+        let (Target::Kura { start: os, rel: orel, .. }, Target::Kura { start: ns, rel: nrel, .. }) = (ot, nt) else {
+            unreachable!("both kura: checked above")
+        };
+        ret_int(with_fs(state, |fs| {
+            let (sp, sname) = match resolve(state, fs, os, &orel, false)? {
+                Resolved::Found { parent, name, .. } if !name.is_empty() => (parent, name),
+                Resolved::Found { .. } => return Err(libc::EBUSY),
+                Resolved::Missing { .. } => return Err(libc::ENOENT),
+                Resolved::Outside(_) => return Err(libc::EXDEV),
+            };
+            let (dp, dname) = match resolve(state, fs, ns, &nrel, false)? {
+                Resolved::Found { parent, name, .. } if !name.is_empty() => (parent, name),
+                Resolved::Found { .. } => return Err(libc::EBUSY),
+                Resolved::Missing { parent, name } => (parent, name),
+                Resolved::Outside(_) => return Err(libc::EXDEV),
+            };
+            let rf = RenameFlags { noreplace: flags & libc::RENAME_NOREPLACE != 0, exchange: flags & libc::RENAME_EXCHANGE != 0 };
+            fs.rename(sp, &sname, dp, &dname, rf).map_err(fs_errno)?;
+            Ok(0)
+        }))
+    })
+}
+
+extern "C" fn h_renameat(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char) -> c_int {
+    h_renameat2(olddir, old, newdir, new, 0)
+}
+
+extern "C" fn h_rename(old: *const c_char, new: *const c_char) -> c_int {
+    h_renameat2(libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0)
+}
+
+extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_linkat, od, o, nd, n, flags) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(olddir, old, newdir, new) };
+        // SAFETY: libc's contract.
+        let (Some(o), Some(n)) = (unsafe { bytes(old) }, unsafe { bytes(new) }) else {
+            return raw_call(olddir, old, newdir, new);
+        };
+        match (classify(state, olddir, o), classify(state, newdir, n)) {
+            (Err(e), _) | (_, Err(e)) => ret_int(Err(e)),
+            (Ok(Target::Kura { start: os, rel: orel, .. }), Ok(Target::Kura { start: ns, rel: nrel, .. })) => ret_int(with_fs(state, |fs| {
+                let ino = match resolve(state, fs, os, &orel, flags & libc::AT_SYMLINK_FOLLOW != 0)? {
+                    Resolved::Found { entry, .. } => entry.ino,
+                    Resolved::Missing { .. } => return Err(libc::ENOENT),
+                    Resolved::Outside(_) => return Err(libc::EXDEV),
+                };
+                match resolve(state, fs, ns, &nrel, false)? {
+                    Resolved::Missing { parent, name } => {
+                        fs.link(ino, parent, &name).map_err(fs_errno)?;
+                        Ok(0)
+                    }
+                    Resolved::Found { .. } => Err(libc::EEXIST),
+                    Resolved::Outside(_) => Err(libc::EXDEV),
+                }
+            })),
+            (Ok(Target::Kura { .. }), _) | (_, Ok(Target::Kura { .. })) => ret_int(Err(libc::EXDEV)),
+            (Ok(ot), Ok(nt)) => {
+                let (od, op) = match &ot {
+                    Target::KernelAbs(a) => (libc::AT_FDCWD, a.as_ptr().cast()),
+                    _ => (olddir, old),
+                };
+                let (nd, np) = match &nt {
+                    Target::KernelAbs(a) => (libc::AT_FDCWD, a.as_ptr().cast()),
+                    _ => (newdir, new),
+                };
+                raw_call(od, op, nd, np)
+            }
+        }
+    })
+}
+
+extern "C" fn h_link(old: *const c_char, new: *const c_char) -> c_int {
+    h_linkat(libc::AT_FDCWD, old, libc::AT_FDCWD, new, 0)
+}
+
+extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_symlinkat, target, d, p) as c_int }
+        };
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| {
+            // SAFETY: libc's contract.
+            let t = unsafe { bytes(target) }.ok_or(libc::EFAULT)?;
+            match resolve(state, fs, start, rel, false)? {
+                Resolved::Found { .. } => Err(libc::EEXIST),
+                Resolved::Missing { parent, name } => {
+                    fs.symlink(parent, &name, t, owner()).map_err(fs_errno)?;
+                    Ok(0)
+                }
+                Resolved::Outside(abs) => outside(&abs, &raw_call),
+            }
+        })
+    })
+}
+
+extern "C" fn h_symlink(target: *const c_char, path: *const c_char) -> c_int {
+    h_symlinkat(target, libc::AT_FDCWD, path)
+}
+
+/// `/proc/self/fd/N` (or this pid's) of a kura descriptor: its path.
+fn proc_fd_path(state: &State, p: &[u8]) -> Option<Vec<u8>> {
+    let rest = p.strip_prefix(b"/proc/self/fd/").or_else(|| {
+        let mine = format!("/proc/{}/fd/", std::process::id());
+        p.strip_prefix(mine.as_bytes())
+    })?;
+    let fd: i32 = std::str::from_utf8(rest).ok()?.parse().ok()?;
+    state.fds.get(fd).map(|of| of.path.clone())
+}
+
+extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: usize) -> isize {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_readlinkat, d, p, buf, size) as c_int }
+        };
+        if let Some(state) = active()
+            // SAFETY: libc's contract.
+            && let Some(p) = unsafe { bytes(path) }
+            && let Some(target) = proc_fd_path(state, p)
+        {
+            let n = target.len().min(size);
+            // SAFETY: the caller's buffer holds `size` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
+            return n as isize;
+        }
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
+            Resolved::Found { entry, .. } => {
+                if size == 0 {
+                    return Err(libc::EINVAL);
+                }
+                let target = fs.readlink(entry.ino).map_err(fs_errno)?;
+                let n = target.len().min(size);
+                // SAFETY: the caller's buffer holds `size` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
+                Ok(n as c_int)
+            }
+            Resolved::Missing { .. } => Err(libc::ENOENT),
+            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        }) as isize
+    })
+}
+
+extern "C" fn h_readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
+    h_readlinkat(libc::AT_FDCWD, path, buf, size)
+}
+
+fn check_access(inode: &Inode, mode: c_int, effective: bool) -> Result<c_int, i32> {
+    if mode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: id getters cannot fail.
+    let (uid, gid) = unsafe { if effective { (libc::geteuid(), libc::getegid()) } else { (libc::getuid(), libc::getgid()) } };
+    let want = (mode & 7) as u32;
+    if want == 0 {
+        return Ok(0);
+    }
+    if uid == 0 {
+        if want & libc::X_OK as u32 != 0 && !kura_fs::layout::is_dir(inode.mode) && inode.mode & 0o111 == 0 {
+            return Err(libc::EACCES);
+        }
+        return Ok(0);
+    }
+    let bits = if uid == inode.uid {
+        (inode.mode >> 6) & 7
+    } else if gid == inode.gid {
+        (inode.mode >> 3) & 7
+    } else {
+        inode.mode & 7
+    };
+    if bits & want == want { Ok(0) } else { Err(libc::EACCES) }
+}
+
+extern "C" fn h_faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel (faccessat2 takes flags).
+            unsafe { libc::syscall(libc::SYS_faccessat2, d, p, mode, flags) as c_int }
+        };
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
+            Resolved::Found { entry, .. } => check_access(&fs.getattr(entry.ino).map_err(fs_errno)?, mode, flags & libc::AT_EACCESS != 0),
+            Resolved::Missing { .. } => Err(libc::ENOENT),
+            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        })
+    })
+}
+
+extern "C" fn h_access(path: *const c_char, mode: c_int) -> c_int {
+    h_faccessat(libc::AT_FDCWD, path, mode, 0)
+}
+
+extern "C" fn h_euidaccess(path: *const c_char, mode: c_int) -> c_int {
+    h_faccessat(libc::AT_FDCWD, path, mode, libc::AT_EACCESS)
+}
+
+/// The inode a `*at` attribute call names (`AT_EMPTY_PATH`/NULL path: `dirfd` itself).
+fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_int, *const c_char) -> c_int, change: impl FnOnce(&Arc<Fs>, u64) -> Result<(), i32>) -> c_int {
+    let Some(state) = active() else { return raw_call(dirfd, path) };
+    // SAFETY: libc's contract.
+    let p = unsafe { bytes(path) };
+    if p.is_none_or(<[u8]>::is_empty) {
+        if let Some(of) = state.fds.get(dirfd) {
+            return ret_int(with_fs(state, |fs| change(fs, of.ino).map(|()| 0)));
+        }
+        return raw_call(dirfd, path);
+    }
+    path_op(dirfd, path, &raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
+        Resolved::Found { entry, .. } => change(fs, entry.ino).map(|()| 0),
+        Resolved::Missing { .. } => Err(libc::ENOENT),
+        Resolved::Outside(abs) => outside(&abs, &raw_call),
+    })
+}
+
+fn set(fs: &Arc<Fs>, ino: u64, attr: SetAttr) -> Result<(), i32> {
+    fs.setattr(ino, attr).map(|_| ()).map_err(fs_errno)
+}
+
+extern "C" fn h_fchmodat(dirfd: c_int, path: *const c_char, mode: c_uint, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            if flags == 0 {
+                // SAFETY: passing the caller's arguments to the kernel.
+                return unsafe { libc::syscall(libc::SYS_fchmodat, d, p, mode) as c_int };
+            }
+            // fchmodat2 (Linux 6.6) takes the flags glibc otherwise emulates: a symlink with
+            // AT_SYMLINK_NOFOLLOW is EOPNOTSUPP, as glibc answers.
+            // SAFETY: passing the caller's arguments to the kernel.
+            let r = unsafe { libc::syscall(SYS_FCHMODAT2, d, p, mode, flags) as c_int };
+            if r < 0 && errno() == libc::ENOSYS {
+                set_errno(libc::EOPNOTSUPP);
+            }
+            r
+        };
+        attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, SetAttr { mode: Some(mode), ..SetAttr::default() }))
+    })
+}
+
+extern "C" fn h_chmod(path: *const c_char, mode: c_uint) -> c_int {
+    h_fchmodat(libc::AT_FDCWD, path, mode, 0)
+}
+
+extern "C" fn h_fchmod(fd: c_int, mode: c_uint) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(with_fs(state, |fs| set(fs, of.ino, SetAttr { mode: Some(mode), ..SetAttr::default() }).map(|()| 0)));
+        }
+        // SAFETY: integers.
+        unsafe { libc::syscall(libc::SYS_fchmod, fd, mode) as c_int }
+    })
+}
+
+fn id(v: c_uint) -> Option<u32> {
+    (v != u32::MAX).then_some(v)
+}
+
+extern "C" fn h_fchownat(dirfd: c_int, path: *const c_char, uid: c_uint, gid: c_uint, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_fchownat, d, p, uid, gid, flags) as c_int }
+        };
+        attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }))
+    })
+}
+
+extern "C" fn h_chown(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
+    h_fchownat(libc::AT_FDCWD, path, uid, gid, 0)
+}
+
+extern "C" fn h_lchown(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
+    h_fchownat(libc::AT_FDCWD, path, uid, gid, libc::AT_SYMLINK_NOFOLLOW)
+}
+
+extern "C" fn h_fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(with_fs(state, |fs| set(fs, of.ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }).map(|()| 0)));
+        }
+        // SAFETY: integers.
+        unsafe { libc::syscall(libc::SYS_fchown, fd, uid, gid) as c_int }
+    })
+}
+
+fn times_attr(times: *const libc::timespec) -> SetAttr {
+    let now = kura_fs::ns::now_ns();
+    if times.is_null() {
+        return SetAttr { atime_ns: Some(now), mtime_ns: Some(now), ..SetAttr::default() };
+    }
+    // SAFETY: utimensat(2)'s contract: two timespecs.
+    let t = unsafe { std::slice::from_raw_parts(times, 2) };
+    let pick = |ts: &libc::timespec| match ts.tv_nsec {
+        libc::UTIME_OMIT => None,
+        libc::UTIME_NOW => Some(now),
+        n => Some(ts.tv_sec * 1_000_000_000 + n),
+    };
+    SetAttr { atime_ns: pick(&t[0]), mtime_ns: pick(&t[1]), ..SetAttr::default() }
+}
+
+extern "C" fn h_utimensat(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int {
+    guard(-1, || {
+        let raw_call = |d: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_utimensat, d, p, times, flags) as c_int }
+        };
+        attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, times_attr(times)))
+    })
+}
+
+extern "C" fn h_futimens(fd: c_int, times: *const libc::timespec) -> c_int {
+    h_utimensat(fd, std::ptr::null(), times, 0)
+}
+
+fn timeval_pair(tv: *const libc::timeval) -> Option<[libc::timespec; 2]> {
+    if tv.is_null() {
+        return None;
+    }
+    // SAFETY: utimes(2)'s contract: two timevals.
+    let t = unsafe { std::slice::from_raw_parts(tv, 2) };
+    Some([0, 1].map(|i| &t[i]).map(|v| libc::timespec { tv_sec: v.tv_sec, tv_nsec: v.tv_usec * 1000 }))
+}
+
+extern "C" fn h_utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    let ts = timeval_pair(tv);
+    h_utimensat(libc::AT_FDCWD, path, ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()), 0)
+}
+
+extern "C" fn h_lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    let ts = timeval_pair(tv);
+    h_utimensat(libc::AT_FDCWD, path, ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()), libc::AT_SYMLINK_NOFOLLOW)
+}
+
+extern "C" fn h_futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
+    let ts = timeval_pair(tv);
+    h_utimensat(fd, std::ptr::null(), ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()), 0)
+}
+
+extern "C" fn h_utime(path: *const c_char, buf: *const libc::utimbuf) -> c_int {
+    if buf.is_null() {
+        return h_utimensat(libc::AT_FDCWD, path, std::ptr::null(), 0);
+    }
+    // SAFETY: utime(2)'s contract.
+    let b = unsafe { &*buf };
+    let ts = [libc::timespec { tv_sec: b.actime, tv_nsec: 0 }, libc::timespec { tv_sec: b.modtime, tv_nsec: 0 }];
+    h_utimensat(libc::AT_FDCWD, path, ts.as_ptr(), 0)
+}
+
+// ---------------------------------------------------------------------------------------
+// xattrs (none are stored: lists are empty, gets find nothing, sets are unsupported)
+
+fn xattr_op(path: *const c_char, follow: bool, kura_answer: Result<isize, i32>, raw_call: impl Fn(c_int, *const c_char) -> c_int) -> isize {
+    guard(-1, || {
+        path_op(libc::AT_FDCWD, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, follow)? {
+            Resolved::Found { .. } => kura_answer.map(|v| v as c_int),
+            Resolved::Missing { .. } => Err(libc::ENOENT),
+            Resolved::Outside(_) => Err(libc::EOPNOTSUPP),
+        }) as isize
+    })
+}
+
+extern "C" fn h_getxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: usize) -> isize {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_getxattr, p, name, value, size) as c_int })
+}
+
+extern "C" fn h_lgetxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: usize) -> isize {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_lgetxattr, p, name, value, size) as c_int })
+}
+
+extern "C" fn h_listxattr(path: *const c_char, list: *mut c_char, size: usize) -> isize {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, true, Ok(0), |_, p| unsafe { libc::syscall(libc::SYS_listxattr, p, list, size) as c_int })
+}
+
+extern "C" fn h_llistxattr(path: *const c_char, list: *mut c_char, size: usize) -> isize {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, false, Ok(0), |_, p| unsafe { libc::syscall(libc::SYS_llistxattr, p, list, size) as c_int })
+}
+
+extern "C" fn h_setxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, true, Err(libc::EOPNOTSUPP), |_, p| unsafe { libc::syscall(libc::SYS_setxattr, p, name, value, size, flags) as c_int }) as c_int
+}
+
+extern "C" fn h_lsetxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, false, Err(libc::EOPNOTSUPP), |_, p| unsafe { libc::syscall(libc::SYS_lsetxattr, p, name, value, size, flags) as c_int }) as c_int
+}
+
+extern "C" fn h_removexattr(path: *const c_char, name: *const c_char) -> c_int {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_removexattr, p, name) as c_int }) as c_int
+}
+
+extern "C" fn h_lremovexattr(path: *const c_char, name: *const c_char) -> c_int {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_lremovexattr, p, name) as c_int }) as c_int
+}
+
+// ---------------------------------------------------------------------------------------
+// statfs
+
+extern "C" fn h_statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
+    guard(-1, || {
+        let raw_call = |_: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_statfs, p, buf) as c_int }
+        };
+        path_op(libc::AT_FDCWD, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, true)? {
+            Resolved::Found { .. } => {
+                // SAFETY: the caller's buffer is a struct statfs.
+                unsafe { *buf = fs.statfs() };
+                Ok(0)
+            }
+            Resolved::Missing { .. } => Err(libc::ENOENT),
+            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        })
+    })
+}
+
+extern "C" fn h_fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && state.fds.contains(fd)
+        {
+            return ret_int(with_fs(state, |fs| {
+                // SAFETY: the caller's buffer is a struct statfs.
+                unsafe { *buf = fs.statfs() };
+                Ok(0)
+            }));
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_fstatfs, fd, buf) as c_int }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// working directory
+
+extern "C" fn h_chdir(path: *const c_char) -> c_int {
+    guard(-1, || {
+        let raw_call = |_: c_int, p: *const c_char| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            unsafe { libc::syscall(libc::SYS_chdir, p) as c_int }
+        };
+        let Some(state) = active() else { return raw_call(0, path) };
+        // SAFETY: libc's contract.
+        let Some(p) = (unsafe { bytes(path) }) else { return raw_call(0, path) };
+        let target = match classify(state, libc::AT_FDCWD, p) {
+            Ok(t) => t,
+            Err(e) => return ret_int(Err(e)),
+        };
+        let kernel = |p: *const c_char| {
+            let r = raw_call(0, p);
+            if r == 0 {
+                *state.cwd.write() = None;
+            }
+            r
+        };
+        match target {
+            Target::Kernel => kernel(path),
+            Target::KernelAbs(abs) => kernel(abs.as_ptr().cast()),
+            Target::Kura { start, rel, abs } => ret_int(with_fs(state, |fs| match resolve(state, fs, start, &rel, true)? {
+                Resolved::Found { entry, .. } => {
+                    if entry.dtype != libc::DT_DIR {
+                        return Err(libc::ENOTDIR);
+                    }
+                    *state.cwd.write() = Some(abs.strip_suffix(b"/").filter(|a| !a.is_empty()).unwrap_or(&abs).to_vec());
+                    Ok(0)
+                }
+                Resolved::Missing { .. } => Err(libc::ENOENT),
+                Resolved::Outside(abs) => {
+                    let c = c_path(&abs);
+                    let r = kernel(c.as_ptr().cast());
+                    if r < 0 { Err(errno()) } else { Ok(0) }
+                }
+            })),
+        }
+    })
+}
+
+extern "C" fn h_fchdir(fd: c_int) -> c_int {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            if !of.is_dir {
+                return ret_int(Err(libc::ENOTDIR));
+            }
+            *state.cwd.write() = Some(of.path.clone());
+            return 0;
+        }
+        // SAFETY: an integer.
+        let r = unsafe { libc::syscall(libc::SYS_fchdir, fd) as c_int };
+        if r == 0
+            && let Some(state) = state::get()
+        {
+            *state.cwd.write() = None;
+        }
+        r
+    })
+}
+
+extern "C" fn h_getcwd(buf: *mut c_char, size: usize) -> *mut c_char {
+    guard(std::ptr::null_mut(), || {
+        let virtual_cwd = state::get().and_then(|s| s.cwd.read().clone());
+        let (text, from_kernel) = match virtual_cwd {
+            Some(p) => (p, false),
+            None => {
+                let mut tmp = vec![0u8; CWD_BYTES_MAX];
+                // SAFETY: our buffer of CWD_BYTES_MAX bytes.
+                let n = unsafe { libc::syscall(libc::SYS_getcwd, tmp.as_mut_ptr(), tmp.len()) };
+                if n < 0 {
+                    return std::ptr::null_mut();
+                }
+                tmp.truncate(n as usize - 1);
+                (tmp, true)
+            }
+        };
+        let _ = from_kernel;
+        let need = text.len() + 1;
+        let out = if buf.is_null() {
+            let len = if size == 0 { need } else { size };
+            if len < need {
+                set_errno(libc::ERANGE);
+                return std::ptr::null_mut();
+            }
+            // SAFETY: malloc, freed by the caller (getcwd's contract).
+            let p = unsafe { libc::malloc(len) }.cast::<c_char>();
+            if p.is_null() {
+                set_errno(libc::ENOMEM);
+                return p;
+            }
+            p
+        } else {
+            if size == 0 {
+                set_errno(libc::EINVAL);
+                return std::ptr::null_mut();
+            }
+            if size < need {
+                set_errno(libc::ERANGE);
+                return std::ptr::null_mut();
+            }
+            buf
+        };
+        // SAFETY: `out` holds at least `need` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), out.cast::<u8>(), text.len());
+            *out.add(text.len()) = 0;
+        }
+        out
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// mmap, copy_file_range, sendfile
+
+extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: i64) -> *mut c_void {
+    guard(libc::MAP_FAILED, || {
+        let raw_call = |flags: c_int, fd: c_int, offset: i64, prot: c_int| {
+            // SAFETY: passing the caller's arguments to the kernel.
+            let p = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, offset) };
+            if p == -1 { libc::MAP_FAILED } else { p as *mut c_void }
+        };
+        let Some(state) = active() else { return raw_call(flags, fd, offset, prot) };
+        let Some(of) = state.fds.get(fd) else { return raw_call(flags, fd, offset, prot) };
+        if flags & libc::MAP_ANONYMOUS != 0 {
+            return raw_call(flags, fd, offset, prot);
+        }
+        let shared = flags & libc::MAP_SHARED_VALIDATE & libc::MAP_SHARED != 0;
+        if (shared && prot & libc::PROT_WRITE != 0) || of.is_dir || offset < 0 || offset % 4096 != 0 {
+            set_errno(if of.is_dir || offset < 0 || offset % 4096 != 0 { if of.is_dir { libc::ENODEV } else { libc::EINVAL } } else { libc::ENODEV });
+            return libc::MAP_FAILED;
+        }
+        // A private (or read-only) copy of the file's bytes.
+        let anon_flags = (flags & !libc::MAP_SHARED_VALIDATE) | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let p = raw_call(anon_flags, -1, 0, libc::PROT_READ | libc::PROT_WRITE);
+        if p == libc::MAP_FAILED {
+            return p;
+        }
+        // SAFETY: `p` is our fresh mapping of `len` bytes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+        let filled = with_fs(state, |fs| {
+            let node = node_of(fs, &of)?;
+            fs.read(&node, offset as u64, dst).map_err(fs_errno)
+        });
+        if let Err(e) = filled {
+            // SAFETY: unmapping our own fresh mapping.
+            unsafe { raw::munmap(p, len) };
+            set_errno(e);
+            return libc::MAP_FAILED;
+        }
+        // SAFETY: changing our own mapping's protection to what the caller asked.
+        unsafe { libc::syscall(libc::SYS_mprotect, p, len, prot) };
+        p
+    })
+}
+
+/// Copies between descriptors of which at least one is kura's, through a buffer.
+fn copy_between(in_fd: c_int, in_off: *mut i64, out_fd: c_int, out_off: *mut i64, len: usize) -> Result<c_long, i32> {
+    let mut buf = vec![0u8; len.clamp(1, COPY_STEP_BYTES)];
+    let mut total: usize = 0;
+    while total < len {
+        let want = (len - total).min(buf.len());
+        let n = if in_off.is_null() {
+            h_read(in_fd, buf.as_mut_ptr().cast(), want)
+        } else {
+            // SAFETY: the caller's offset pointer.
+            h_pread(in_fd, buf.as_mut_ptr().cast(), want, unsafe { *in_off })
+        };
+        if n < 0 {
+            return if total > 0 { Ok(total as c_long) } else { Err(errno()) };
+        }
+        if n == 0 {
+            break;
+        }
+        let mut written = 0usize;
+        while written < n as usize {
+            let w = if out_off.is_null() {
+                h_write(out_fd, buf[written..].as_ptr().cast(), n as usize - written)
+            } else {
+                // SAFETY: the caller's offset pointer.
+                h_pwrite(out_fd, buf[written..].as_ptr().cast(), n as usize - written, unsafe { *out_off } + written as i64)
+            };
+            if w <= 0 {
+                return if total + written > 0 { Ok((total + written) as c_long) } else { Err(errno()) };
+            }
+            written += w as usize;
+        }
+        if !in_off.is_null() {
+            // SAFETY: the caller's offset pointer.
+            unsafe { *in_off += n as i64 };
+        }
+        if !out_off.is_null() {
+            // SAFETY: the caller's offset pointer.
+            unsafe { *out_off += n as i64 };
+        }
+        total += n as usize;
+    }
+    Ok(total as c_long)
+}
+
+extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, out_off: *mut i64, len: usize, flags: c_uint) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && (state.fds.contains(in_fd) || state.fds.contains(out_fd))
+        {
+            if flags != 0 {
+                return ret(Err(libc::EINVAL)) as isize;
+            }
+            return ret(copy_between(in_fd, in_off, out_fd, out_off, len)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_copy_file_range, in_fd, in_off, out_fd, out_off, len, flags) as isize }
+    })
+}
+
+extern "C" fn h_sendfile(out_fd: c_int, in_fd: c_int, offset: *mut i64, count: usize) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && (state.fds.contains(in_fd) || state.fds.contains(out_fd))
+        {
+            return ret(copy_between(in_fd, offset, out_fd, std::ptr::null_mut(), count)) as isize;
+        }
+        // SAFETY: passing the caller's arguments to the kernel.
+        unsafe { libc::syscall(libc::SYS_sendfile, out_fd, in_fd, offset, count) as isize }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// process lifetime: exec, exit, vfork
+
+/// Writes back every dirty file of the process (visibility for the next image or process).
+fn writeback_before_leaving() {
+    if let Some(state) = state::get()
+        && let Some(fs) = state.fs_if_open()
+    {
+        let _busy = Busy::enter();
+        if let Err(e) = fs.writeback_all() {
+            complain(&format!("libkura_fs: write-back failed: {e}"));
+        }
+    }
+}
+
+/// `envp` with `KURA_FS_CWD` set to the virtual working directory (or removed).
+fn env_with_cwd(envp: *const *const c_char, cwd: Option<&[u8]>) -> (Vec<Vec<u8>>, Vec<*const c_char>) {
+    let mut owned: Vec<Vec<u8>> = Vec::new();
+    let mut ptrs: Vec<*const c_char> = Vec::new();
+    if !envp.is_null() {
+        let mut i = 0;
+        loop {
+            // SAFETY: execve's contract: a NULL-terminated array of C strings.
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: as above.
+            let s = unsafe { bytes(p) }.unwrap_or_default();
+            if !s.starts_with(b"KURA_FS_CWD=") {
+                ptrs.push(p);
+            }
+            i += 1;
+        }
+    }
+    if let Some(cwd) = cwd {
+        let mut var = b"KURA_FS_CWD=".to_vec();
+        var.extend_from_slice(cwd);
+        var.push(0);
+        owned.push(var);
+        ptrs.push(owned.last().expect("pushed").as_ptr().cast());
+    }
+    ptrs.push(std::ptr::null());
+    (owned, ptrs)
+}
+
+/// A kura executable: copied into a memfd the kernel can execute.
+fn exec_image(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8]) -> Result<c_int, i32> {
+    let ino = match resolve(state, fs, start, rel, true)? {
+        Resolved::Found { entry, .. } => entry.ino,
+        _ => return Err(libc::ENOENT),
+    };
+    let inode = fs.getattr(ino).map_err(fs_errno)?;
+    if inode.mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(libc::EACCES);
+    }
+    check_access(&inode, libc::X_OK, true)?;
+    let node = fs.open_node(&inode);
+    let fd = raw::memfd_create(b"kura-exec\0", 0)?;
+    let mut at = 0u64;
+    let mut buf = vec![0u8; COPY_STEP_BYTES];
+    loop {
+        let n = fs.read(&node, at, &mut buf).map_err(fs_errno)?;
+        if n == 0 {
+            break;
+        }
+        // SAFETY: writing our buffer to our memfd.
+        unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf.as_ptr(), n, at as i64) };
+        at += n as u64;
+    }
+    let _ = fs.release(&node);
+    Ok(fd)
+}
+
+extern "C" fn h_execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    guard(-1, || {
+        let Some(state) = state::get() else {
+            // SAFETY: passing the caller's arguments to the kernel.
+            return unsafe { libc::syscall(libc::SYS_execve, path, argv, envp) as c_int };
+        };
+        writeback_before_leaving();
+        let cwd = state.cwd.read().clone();
+        // SAFETY: execve's contract.
+        let has_cwd_var = !envp.is_null() && (0..).map_while(|i| {
+            // SAFETY: a NULL-terminated array.
+            let p = unsafe { *envp.add(i) };
+            (!p.is_null()).then_some(p)
+        }).any(|p| {
+            // SAFETY: C strings of the array.
+            unsafe { bytes(p) }.is_some_and(|s| s.starts_with(b"KURA_FS_CWD="))
+        });
+        let (_owned, env) = env_with_cwd(envp, cwd.as_deref());
+        let envp2 = if cwd.is_some() || has_cwd_var { env.as_ptr() } else { envp };
+        // SAFETY: libc's contract.
+        if let Some(p) = unsafe { bytes(path) }
+            && !state::busy()
+            && let Ok(Target::Kura { start, rel, .. }) = classify(state, libc::AT_FDCWD, p)
+        {
+            let fd = match with_fs(state, |fs| exec_image(state, fs, start, &rel)) {
+                Ok(fd) => fd,
+                Err(e) => return ret_int(Err(e)),
+            };
+            // SAFETY: executing our memfd with the caller's argv and environment.
+            let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp2, libc::AT_EMPTY_PATH) as c_int };
+            raw::close(fd);
+            return r;
+        }
+        // SAFETY: passing the caller's arguments (and our environment copy) to the kernel.
+        unsafe { libc::syscall(libc::SYS_execve, path, argv, envp2) as c_int }
+    })
+}
+
+extern "C" fn h_exit(status: c_int) -> ! {
+    let _ = std::panic::catch_unwind(writeback_before_leaving);
+    // SAFETY: exit_group ends the process; it does not return.
+    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    unreachable!("exit_group returned")
+}
+
+extern "C" fn h_vfork() -> libc::pid_t {
+    // vfork may behave as fork (POSIX); a real fork lets the child run kura code safely.
+    // SAFETY: fork() is the plain libc function (not patched); the atfork handlers run.
+    unsafe { libc::fork() }
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// Every patched function and its handler (same prototype). Aliases of one code address are
+/// patched once; names this libc lacks are skipped.
+pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
+    vec![
+    (c"open", h_open as *const () as usize),
+    (c"open64", h_open as *const () as usize),
+    (c"__open_2", h_open_2 as *const () as usize),
+    (c"__open64_2", h_open_2 as *const () as usize),
+    (c"openat", h_openat as *const () as usize),
+    (c"openat64", h_openat as *const () as usize),
+    (c"__openat_2", h_openat_2 as *const () as usize),
+    (c"__openat64_2", h_openat_2 as *const () as usize),
+    (c"creat", h_creat as *const () as usize),
+    (c"creat64", h_creat as *const () as usize),
+    (c"close", h_close as *const () as usize),
+    (c"__close_nocancel", h_close as *const () as usize),
+    (c"dup", h_dup as *const () as usize),
+    (c"dup2", h_dup2 as *const () as usize),
+    (c"dup3", h_dup3 as *const () as usize),
+    (c"read", h_read as *const () as usize),
+    (c"write", h_write as *const () as usize),
+    (c"pread64", h_pread as *const () as usize),
+    (c"pwrite64", h_pwrite as *const () as usize),
+    (c"readv", h_readv as *const () as usize),
+    (c"writev", h_writev as *const () as usize),
+    (c"preadv64", h_preadv as *const () as usize),
+    (c"pwritev64", h_pwritev as *const () as usize),
+    (c"preadv64v2", h_preadv2 as *const () as usize),
+    (c"pwritev64v2", h_pwritev2 as *const () as usize),
+    (c"preadv2", h_preadv2 as *const () as usize),
+    (c"pwritev2", h_pwritev2 as *const () as usize),
+    (c"lseek64", h_lseek as *const () as usize),
+    (c"fsync", h_fsync as *const () as usize),
+    (c"fdatasync", h_fdatasync as *const () as usize),
+    (c"sync", h_sync as *const () as usize),
+    (c"syncfs", h_syncfs as *const () as usize),
+    (c"truncate64", h_truncate as *const () as usize),
+    (c"ftruncate64", h_ftruncate as *const () as usize),
+    (c"fallocate64", h_fallocate as *const () as usize),
+    (c"posix_fallocate64", h_posix_fallocate as *const () as usize),
+    (c"posix_fallocate", h_posix_fallocate as *const () as usize),
+    (c"posix_fadvise64", h_posix_fadvise as *const () as usize),
+    (c"stat64", h_stat as *const () as usize),
+    (c"lstat64", h_lstat as *const () as usize),
+    (c"fstat64", h_fstat as *const () as usize),
+    (c"fstatat64", h_fstatat as *const () as usize),
+    (c"__xstat64", h_xstat as *const () as usize),
+    (c"__lxstat64", h_lxstat as *const () as usize),
+    (c"__fxstat64", h_fxstat as *const () as usize),
+    (c"__fxstatat64", h_fxstatat as *const () as usize),
+    (c"statx", h_statx as *const () as usize),
+    (c"access", h_access as *const () as usize),
+    (c"faccessat", h_faccessat as *const () as usize),
+    (c"euidaccess", h_euidaccess as *const () as usize),
+    (c"unlink", h_unlink as *const () as usize),
+    (c"unlinkat", h_unlinkat as *const () as usize),
+    (c"rmdir", h_rmdir as *const () as usize),
+    (c"mkdir", h_mkdir as *const () as usize),
+    (c"mkdirat", h_mkdirat as *const () as usize),
+    (c"mknod", h_mknod as *const () as usize),
+    (c"mknodat", h_mknodat as *const () as usize),
+    (c"rename", h_rename as *const () as usize),
+    (c"renameat", h_renameat as *const () as usize),
+    (c"renameat2", h_renameat2 as *const () as usize),
+    (c"link", h_link as *const () as usize),
+    (c"linkat", h_linkat as *const () as usize),
+    (c"symlink", h_symlink as *const () as usize),
+    (c"symlinkat", h_symlinkat as *const () as usize),
+    (c"readlink", h_readlink as *const () as usize),
+    (c"readlinkat", h_readlinkat as *const () as usize),
+    (c"chmod", h_chmod as *const () as usize),
+    (c"fchmod", h_fchmod as *const () as usize),
+    (c"fchmodat", h_fchmodat as *const () as usize),
+    (c"chown", h_chown as *const () as usize),
+    (c"lchown", h_lchown as *const () as usize),
+    (c"fchown", h_fchown as *const () as usize),
+    (c"fchownat", h_fchownat as *const () as usize),
+    (c"utimensat", h_utimensat as *const () as usize),
+    (c"futimens", h_futimens as *const () as usize),
+    (c"utimes", h_utimes as *const () as usize),
+    (c"lutimes", h_lutimes as *const () as usize),
+    (c"futimes", h_futimes as *const () as usize),
+    (c"utime", h_utime as *const () as usize),
+    (c"getxattr", h_getxattr as *const () as usize),
+    (c"lgetxattr", h_lgetxattr as *const () as usize),
+    (c"listxattr", h_listxattr as *const () as usize),
+    (c"llistxattr", h_llistxattr as *const () as usize),
+    (c"setxattr", h_setxattr as *const () as usize),
+    (c"lsetxattr", h_lsetxattr as *const () as usize),
+    (c"removexattr", h_removexattr as *const () as usize),
+    (c"lremovexattr", h_lremovexattr as *const () as usize),
+    (c"statfs64", h_statfs as *const () as usize),
+    (c"fstatfs64", h_fstatfs as *const () as usize),
+    (c"flock", h_flock as *const () as usize),
+    (c"fcntl64", h_fcntl as *const () as usize),
+    (c"chdir", h_chdir as *const () as usize),
+    (c"fchdir", h_fchdir as *const () as usize),
+    (c"getcwd", h_getcwd as *const () as usize),
+    (c"mmap64", h_mmap as *const () as usize),
+    (c"copy_file_range", h_copy_file_range as *const () as usize),
+    (c"sendfile64", h_sendfile as *const () as usize),
+    (c"execve", h_execve as *const () as usize),
+    (c"_exit", h_exit as *const () as usize),
+    (c"vfork", h_vfork as *const () as usize),
+    (c"opendir", crate::dir::h_opendir as *const () as usize),
+    (c"fdopendir", crate::dir::h_fdopendir as *const () as usize),
+    (c"closedir", crate::dir::h_closedir as *const () as usize),
+    (c"readdir64", crate::dir::h_readdir as *const () as usize),
+    (c"readdir64_r", crate::dir::h_readdir_r as *const () as usize),
+    (c"rewinddir", crate::dir::h_rewinddir as *const () as usize),
+    (c"telldir", crate::dir::h_telldir as *const () as usize),
+    (c"seekdir", crate::dir::h_seekdir as *const () as usize),
+    (c"scandir64", crate::dir::h_scandir as *const () as usize),
+    (c"scandirat64", crate::dir::h_scandirat as *const () as usize),
+    (c"getdents64", crate::dir::h_getdents64 as *const () as usize),
+    ]
+}
+
+/// For the directory code: dispatches like the patched functions.
+pub fn dispatch_openat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    h_openat(dirfd, path, flags, 0)
+}
+
+pub fn dispatch_close(fd: c_int) -> c_int {
+    h_close(fd)
+}
+
+pub fn dispatch_lseek(fd: c_int, offset: i64) -> i64 {
+    h_lseek(fd, offset, libc::SEEK_SET)
+}
+
+pub fn dispatch_fstat(fd: c_int, st: *mut libc::stat) -> c_int {
+    h_fstat(fd, st)
+}
+
+/// `getdents64` on a kura directory: its listing (taken at offset 0), `.` and `..` first.
+pub fn kura_getdents(state: &State, of: &OpenFile, buf: *mut u8, count: usize) -> Result<c_long, i32> {
+    if !of.is_dir {
+        return Err(libc::ENOTDIR);
+    }
+    with_fs(state, |fs| {
+        let mut listing = of.listing.lock();
+        let pos = of.offset() as usize;
+        if listing.is_none() || pos == 0 {
+            let inode = fs.getattr(of.ino).map_err(fs_errno)?;
+            let mut all = vec![
+                kura_fs::DirEntry { name: b".".to_vec(), ino: of.ino, dtype: libc::DT_DIR },
+                kura_fs::DirEntry { name: b"..".to_vec(), ino: inode.parent.max(1), dtype: libc::DT_DIR },
+            ];
+            all.extend(fs.readdir(of.ino).map_err(fs_errno)?);
+            *listing = Some(all);
+        }
+        let entries = listing.as_ref().expect("filled above");
+        let mut used = 0usize;
+        let mut i = pos;
+        while i < entries.len() {
+            let e = &entries[i];
+            let reclen = (19 + e.name.len() + 1).next_multiple_of(8);
+            if used + reclen > count {
+                break;
+            }
+            // SAFETY: the caller's buffer holds `count` bytes; we write within used..used+reclen.
+            unsafe {
+                let rec = buf.add(used);
+                std::ptr::write_bytes(rec, 0, reclen);
+                (rec as *mut u64).write_unaligned(e.ino);
+                (rec.add(8) as *mut i64).write_unaligned((i + 1) as i64);
+                (rec.add(16) as *mut u16).write_unaligned(reclen as u16);
+                *rec.add(18) = e.dtype;
+                std::ptr::copy_nonoverlapping(e.name.as_ptr(), rec.add(19), e.name.len());
+            }
+            used += reclen;
+            i += 1;
+        }
+        if used == 0 && i < entries.len() {
+            return Err(libc::EINVAL);
+        }
+        of.set_offset(i as u64);
+        Ok(used as c_long)
+    })
+}
+
+pub fn active_state() -> Option<&'static State> {
+    active()
+}

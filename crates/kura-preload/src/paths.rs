@@ -1,0 +1,117 @@
+//! Which paths are kura's: absolute paths under the mount prefix, relative paths while the
+//! working directory is inside the mount, and paths relative to a kura directory descriptor.
+
+use std::ffi::{CStr, c_char};
+
+use kura_fs::ROOT_INO;
+use kura_fs::path::strip_mount;
+
+use crate::state::State;
+
+/// Where a path goes.
+pub enum Target {
+    /// To the kernel, as the caller gave it.
+    Kernel,
+    /// To the kernel, as this absolute path (NUL-terminated): the working directory is
+    /// inside the mount, or a kura symlink leads out of it.
+    KernelAbs(Vec<u8>),
+    /// Into the file system: `rel` resolved from directory `start`; `abs` is the lexical
+    /// absolute path (for the working directory and descriptor paths).
+    Kura { start: u64, rel: Vec<u8>, abs: Vec<u8> },
+}
+
+/// Lexically normalises an absolute path: no `//`, `.` or `..` (a `..` above `/` stays at `/`).
+pub fn normalise(path: &[u8]) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len() + 1);
+    for p in &parts {
+        out.push(b'/');
+        out.extend_from_slice(p);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+/// The bytes of a C path (`None` for NULL: the kernel answers EFAULT).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+pub unsafe fn bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    Some(unsafe { CStr::from_ptr(path) }.to_bytes())
+}
+
+fn kura_abs(state: &State, abs: Vec<u8>, keep_trailing_slash: bool) -> Option<Target> {
+    let normal = normalise(&abs);
+    let rel = strip_mount(&normal, &state.mount)?.to_vec();
+    let mut rel = rel;
+    if keep_trailing_slash && !rel.is_empty() {
+        rel.push(b'/');
+    }
+    Some(Target::Kura { start: ROOT_INO, rel, abs: normal })
+}
+
+/// Classifies `path` relative to `dirfd` (`AT_FDCWD` or a descriptor).
+pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
+    if path.is_empty() {
+        return Ok(Target::Kernel);
+    }
+    let trailing = path.ends_with(b"/") && path.len() > 1;
+    if path[0] == b'/' {
+        return Ok(match kura_abs(state, path.to_vec(), trailing) {
+            Some(t) => t,
+            // `/kura/..` and the like: the kernel knows no `/kura`, so give it the lexical result.
+            None if strip_mount(path, &state.mount).is_some() => Target::KernelAbs(c_path(&normalise(path))),
+            None => Target::Kernel,
+        });
+    }
+    if dirfd == libc::AT_FDCWD {
+        let cwd = state.cwd.read().clone();
+        let Some(cwd) = cwd else {
+            return Ok(Target::Kernel);
+        };
+        let mut abs = cwd;
+        abs.push(b'/');
+        abs.extend_from_slice(path);
+        return Ok(match kura_abs(state, abs.clone(), trailing) {
+            Some(t) => t,
+            None => {
+                let mut out = normalise(&abs);
+                out.push(0);
+                Target::KernelAbs(out)
+            }
+        });
+    }
+    let Some(dir) = state.fds.get(dirfd) else {
+        return Ok(Target::Kernel);
+    };
+    if !dir.is_dir {
+        return Err(libc::ENOTDIR);
+    }
+    let mut abs = dir.path.clone();
+    abs.push(b'/');
+    abs.extend_from_slice(path);
+    Ok(Target::Kura { start: dir.ino, rel: path.to_vec(), abs: normalise(&abs) })
+}
+
+/// A NUL-terminated copy.
+pub fn c_path(path: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(path.len() + 1);
+    v.extend_from_slice(path);
+    v.push(0);
+    v
+}

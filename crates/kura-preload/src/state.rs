@@ -1,0 +1,230 @@
+//! The library's process-wide state, in one place: configuration read from the environment at
+//! load time, the file system (opened at the first kura access), the descriptor table and the
+//! working directory when it is inside the mount.
+
+use std::cell::Cell;
+use std::sync::{Arc, OnceLock};
+
+use kura_fs::{Fs, FsConfig, FsError, Owner, PoolKv};
+use parking_lot::{Mutex, RwLock};
+
+use crate::fds::FdTable;
+
+/// Mount prefix when `KURA_FS_MOUNT` is not set.
+pub const MOUNT_DEFAULT: &str = "/kura";
+/// How long after a failed attempt to reach the pool the next access tries again.
+const REOPEN_BACKOFF_MS: u64 = 2000;
+
+/// Everything the library keeps for the process.
+pub struct State {
+    /// The mount prefix, normalised (absolute, no trailing '/').
+    pub mount: Vec<u8>,
+    pool_urls: Vec<String>,
+    fs_config: FsConfig,
+    fs: Mutex<FsSlot>,
+    pub fds: FdTable,
+    /// The working directory when it is inside the mount (absolute path), else `None` (the
+    /// kernel's).
+    pub cwd: RwLock<Option<Vec<u8>>>,
+    /// Whether libc was patched (otherwise every hook is inert).
+    pub active: std::sync::atomic::AtomicBool,
+    /// The pool is this process's embedded engine: a forked child cannot use it.
+    embedded: bool,
+    /// The process that opened the embedded engine.
+    owner_pid: u32,
+}
+
+#[derive(Default)]
+struct FsSlot {
+    fs: Option<Arc<Fs>>,
+    failed_at: Option<std::time::Instant>,
+    error: Option<FsError>,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+thread_local! {
+    /// Set while this thread runs kura code: every hook then goes straight to the kernel.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The state, once the constructor made it.
+pub fn get() -> Option<&'static State> {
+    STATE.get()
+}
+
+/// Whether this thread is inside kura code already.
+pub fn busy() -> bool {
+    BUSY.with(Cell::get)
+}
+
+/// Marks this thread as running kura code until dropped.
+pub struct Busy {
+    was: bool,
+}
+
+impl Busy {
+    pub fn enter() -> Self {
+        Self { was: BUSY.with(|b| b.replace(true)) }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.with(|b| b.set(self.was));
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    env(name).and_then(|v| v.parse().ok())
+}
+
+fn normalise_mount(mount: &str) -> Vec<u8> {
+    let mut m = mount.trim_end_matches('/').as_bytes().to_vec();
+    if m.first() != Some(&b'/') {
+        m.insert(0, b'/');
+    }
+    if m.len() <= 1 {
+        // "/" as a mount would swallow the whole system: refuse it.
+        return MOUNT_DEFAULT.as_bytes().to_vec();
+    }
+    m
+}
+
+/// Runs at load time.
+pub fn init() {
+    let _busy = Busy::enter();
+    let mut fs_config = FsConfig::default();
+    if let Some(name) = env("KURA_FS_NAME") {
+        fs_config.name = name;
+    }
+    if let Some(mb) = env_u64("KURA_FS_CACHE_MB") {
+        fs_config.cache_bytes_max = mb << 20;
+    }
+    if let Some(p) = env_u64("KURA_FS_DIRTY_PERCENT") {
+        fs_config.dirty_percent = p as u32;
+    }
+    if let Some(c) = env_u64("KURA_FS_CHUNK_SIZE") {
+        fs_config.chunk_size_bytes = c as u32;
+    }
+    if let Some(ms) = env_u64("KURA_FS_WRITEBACK_MS") {
+        fs_config.writeback_interval_ms = ms;
+    }
+    let pool_urls: Vec<String> = env("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
+    let embedded = pool_urls.is_empty() || pool_urls.iter().any(|u| u.starts_with("embedded:"));
+    let state = State {
+        mount: normalise_mount(&env("KURA_FS_MOUNT").unwrap_or_else(|| MOUNT_DEFAULT.to_owned())),
+        pool_urls,
+        fs_config,
+        fs: Mutex::new(FsSlot::default()),
+        fds: FdTable::new(),
+        cwd: RwLock::new(env("KURA_FS_CWD").map(String::into_bytes)),
+        active: std::sync::atomic::AtomicBool::new(false),
+        embedded,
+        owner_pid: std::process::id(),
+    };
+    if STATE.set(state).is_err() {
+        return;
+    }
+    let state = STATE.get().expect("just set");
+    state.fds.recover_inherited();
+    // SAFETY: pthread_atfork takes three plain function pointers; ours never unwind.
+    unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
+    match crate::patch::install() {
+        Ok(()) => state.active.store(true, std::sync::atomic::Ordering::Release),
+        Err(why) => crate::hooks::complain(&format!("libkura_fs: cannot patch libc ({why}); kura paths are unavailable")),
+    }
+}
+
+impl State {
+    /// The file system, opened on first use; `Err` (EIO) while the pool cannot be reached
+    /// (tried again after a short back-off, so a pool that comes back is used again).
+    pub fn fs(&self) -> Result<Arc<Fs>, FsError> {
+        if self.embedded && std::process::id() != self.owner_pid {
+            return Err(FsError::Io("the embedded engine belongs to the parent process (use a kura server pool to share the file system between processes)".into()));
+        }
+        let mut slot = self.fs.lock();
+        if let Some(fs) = &slot.fs {
+            return Ok(Arc::clone(fs));
+        }
+        if let (Some(at), Some(e)) = (slot.failed_at, &slot.error)
+            && at.elapsed() < std::time::Duration::from_millis(REOPEN_BACKOFF_MS)
+        {
+            return Err(e.clone());
+        }
+        match self.open_fs() {
+            Ok(fs) => {
+                slot.fs = Some(Arc::clone(&fs));
+                slot.error = None;
+                Ok(fs)
+            }
+            Err(e) => {
+                crate::hooks::complain(&format!("libkura_fs: cannot open the file system: {e}"));
+                slot.failed_at = Some(std::time::Instant::now());
+                slot.error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// The file system if it is open (no attempt to open it).
+    pub fn fs_if_open(&self) -> Option<Arc<Fs>> {
+        self.fs.try_lock().and_then(|slot| slot.fs.clone())
+    }
+
+    fn open_fs(&self) -> Result<Arc<Fs>, FsError> {
+        let mut config = if self.pool_urls.is_empty() {
+            kura_pool::PoolConfig::default()
+        } else {
+            kura_pool::PoolConfig::from_urls(&self.pool_urls).map_err(FsError::from)?
+        };
+        config.engine.mode = Some(kura_engine::format::Mode::Store);
+        let pool = kura_pool::Pool::open(config).map_err(FsError::from)?;
+        let kv = Arc::new(PoolKv::new(pool)?);
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        let owner = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
+        Fs::open(kv, self.fs_config.clone(), owner)
+    }
+}
+
+extern "C" fn atfork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(state) = get() else { return };
+        let _busy = Busy::enter();
+        if let Some(fs) = state.fs_if_open() {
+            // The child starts with nothing dirty, so parent and child never write back the
+            // same pages (shared descriptors share offsets, not caches).
+            if let Err(e) = fs.writeback_all() {
+                crate::hooks::complain(&format!("libkura_fs: write-back before fork failed: {e}"));
+            }
+            fs.pause_writeback();
+        }
+        state.fds.lock_for_fork();
+    });
+}
+
+extern "C" fn atfork_parent() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(state) = get() else { return };
+        state.fds.unlock_after_fork();
+        if let Some(fs) = state.fs_if_open() {
+            fs.resume_writeback();
+            // The child shares this process's descriptors and may write through them.
+            fs.invalidate_cached();
+        }
+    });
+}
+
+extern "C" fn atfork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(state) = get() else { return };
+        state.fds.unlock_after_fork();
+        if let Some(fs) = state.fs_if_open() {
+            fs.resume_writeback();
+        }
+    });
+}

@@ -1,0 +1,369 @@
+//! Unmodified programs under `kura fs run`: shells, coreutils, tar, Python, sqlite3, fio, a C
+//! program through stdio; a writer killed with SIGKILL; processes racing in one directory; a
+//! full pool; an unreachable pool. Every test has its own data directory and local server.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{Env, check, have, workspace};
+
+#[test]
+fn shell_fork_exec_and_redirection() {
+    let env = Env::new();
+    assert_eq!(env.sh("echo x > /kura/f; cat /kura/f"), "x\n");
+    let out = env.sh(
+        "set -e
+         { echo 1; cat /kura/f; echo 3; } > /kura/g       # builtins and a child share one descriptor
+         cat /kura/g | tr 0-9 a-j | tee /kura/h > /dev/null
+         printf 'appended\\n' >> /kura/h
+         exec 3> /kura/kept; echo via-fd-3 >&3; exec 3>&-
+         (cd /kura && ls && pwd)
+         cat /kura/h /kura/kept
+         python3 -c 'print(\"from python\")' > /kura/py; cat /kura/py",
+    );
+    assert_eq!(out, "f\ng\nh\nkept\n/kura\nb\nx\nd\nappended\nvia-fd-3\nfrom python\n");
+}
+
+#[test]
+fn paths_outside_the_prefix_go_to_the_kernel() {
+    let env = Env::new();
+    let local = env.dir.path().join("local.txt");
+    let script = format!("echo kernel > {0}; echo kura > /kura/k; cat {0} /kura/k; test ! -e /kura/local.txt", local.display());
+    assert_eq!(env.sh(&script), "kernel\nkura\n");
+    assert_eq!(std::fs::read_to_string(&local).unwrap(), "kernel\n");
+    assert!(!std::path::Path::new("/kura/k").exists(), "kura files must not appear in the kernel's namespace");
+}
+
+#[test]
+fn c_program_through_stdio_and_the_posix_calls() {
+    if !have("gcc") {
+        return;
+    }
+    let env = Env::new();
+    let exe = env.dir.path().join("posix");
+    let src = workspace().join("crates/kura-preload/tests/c/posix.c");
+    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    check(&out, &["gcc", "posix.c"]);
+    let out = env.sh(&format!("mkdir /kura/c && {} /kura/c", exe.display()));
+    assert!(out.ends_with("all ok\n"), "{out}");
+}
+
+/// A tree with the awkward parts: symlinks, a hard link, an empty directory, binary data,
+/// names with spaces, a 1 MiB file; plus a real source tree.
+fn make_tree(root: &std::path::Path) {
+    let src = root.join("tree");
+    std::fs::create_dir_all(src.join("empty")).unwrap();
+    std::fs::create_dir_all(src.join("deep/a/b/c")).unwrap();
+    std::fs::write(src.join("deep/a/b/c/leaf.txt"), "leaf\n").unwrap();
+    std::fs::write(src.join("with space.txt"), "spaced\n").unwrap();
+    let big: Vec<u8> = (0..(1 << 20) + 123).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(src.join("big.bin"), &big).unwrap();
+    std::os::unix::fs::symlink("big.bin", src.join("link-to-big")).unwrap();
+    std::os::unix::fs::symlink("deep/a", src.join("dir-link")).unwrap();
+    std::fs::hard_link(src.join("with space.txt"), src.join("hard")).unwrap();
+    let status = std::process::Command::new("cp").arg("-a").arg(workspace().join("crates/kura-engine/src")).arg(src.join("engine-src")).status().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn coreutils_copy_a_tree_in_and_out() {
+    let env = Env::new();
+    make_tree(env.dir.path());
+    let src = env.dir.path().join("tree");
+    let back = env.dir.path().join("back");
+    let out = env.sh(&format!(
+        "set -e
+         cp -a {src} /kura/tree
+         diff -r {src} /kura/tree
+         cp -a /kura/tree {back}
+         diff -r {src} {back}
+         test \"$(stat -c %i /kura/tree/hard)\" = \"$(stat -c %i '/kura/tree/with space.txt')\"
+         test \"$(stat -c %h /kura/tree/hard)\" = 2
+         test \"$(readlink /kura/tree/link-to-big)\" = big.bin
+         ls -l /kura/tree > /dev/null
+         du -s /kura/tree | awk '{{ if ($1 < 1000) exit 1 }}'
+         find /kura/tree -type f | wc -l
+         find /kura/tree -type l | wc -l
+         mv /kura/tree /kura/moved
+         test ! -e /kura/tree
+         mv /kura/moved/deep /kura/deep-moved
+         cat /kura/deep-moved/a/b/c/leaf.txt
+         stat -c '%s %F' /kura/moved/big.bin
+         rm -r /kura/moved /kura/deep-moved
+         ls -A /kura | wc -l",
+        src = src.display(),
+        back = back.display()
+    ));
+    let files = walk_count(&src, false);
+    let links = walk_count(&src, true);
+    assert_eq!(out, format!("{files}\n{links}\nleaf\n{} regular file\n0\n", (1 << 20) + 123));
+}
+
+fn walk_count(dir: &std::path::Path, links: bool) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            n += walk_count(&e.path(), links);
+        } else if t.is_symlink() == links && (links || t.is_file()) {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn tar_create_and_extract() {
+    let env = Env::new();
+    make_tree(env.dir.path());
+    let src = env.dir.path().join("tree");
+    let out_dir = env.dir.path().join("untarred");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    env.sh(&format!(
+        "set -e
+         tar cf /kura/t.tar -C {root} tree
+         mkdir /kura/x && tar xf /kura/t.tar -C /kura/x
+         diff -r {src} /kura/x/tree
+         tar cf - -C /kura/x tree | tar xf - -C {out}
+         diff -r {src} {out}/tree
+         tar tf /kura/t.tar | wc -l > /dev/null",
+        root = env.dir.path().display(),
+        src = src.display(),
+        out = out_dir.display()
+    ));
+}
+
+#[test]
+fn python_os_shutil_pathlib_round_trip() {
+    let env = Env::new();
+    let script = r#"
+import os, shutil, pathlib, hashlib, errno
+root = pathlib.Path("/kura/py")
+root.mkdir()
+(root / "sub").mkdir()
+data = os.urandom(300_000)
+(root / "sub" / "blob").write_bytes(data)
+(root / "note.txt").write_text("héllo\n" * 100)
+assert (root / "sub" / "blob").read_bytes() == data
+assert sorted(p.name for p in root.iterdir()) == ["note.txt", "sub"]
+shutil.copytree(root, "/kura/py2")
+assert (pathlib.Path("/kura/py2/sub/blob")).read_bytes() == data
+shutil.move("/kura/py2", "/kura/py3")
+assert not os.path.exists("/kura/py2")
+with os.scandir("/kura/py3") as it:
+    names = sorted(e.name for e in it if e.is_file())
+assert names == ["note.txt"], names
+st = os.stat("/kura/py3/sub/blob")
+assert st.st_size == len(data)
+with open("/kura/py3/sub/blob", "r+b") as f:
+    f.seek(1000); f.write(b"XYZ"); f.flush(); os.fsync(f.fileno())
+    f.seek(998); assert f.read(5) == data[998:1000] + b"XYZ"
+try:
+    os.rmdir("/kura/py3")
+except OSError as e:
+    assert e.errno == errno.ENOTEMPTY
+else:
+    raise AssertionError("rmdir of a non-empty directory succeeded")
+shutil.copy2("/kura/py3/note.txt", "/tmp/kura-py-note-%d" % os.getpid())
+os.unlink("/tmp/kura-py-note-%d" % os.getpid())
+shutil.rmtree("/kura/py3")
+os.chdir("/kura/py")
+assert os.getcwd() == "/kura/py"
+assert os.path.realpath("sub/blob") == "/kura/py/sub/blob", os.path.realpath("sub/blob")
+for dirpath, dirs, files in os.walk("/kura"):
+    pass
+print(hashlib.sha256((root / "sub" / "blob").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest())
+"#;
+    assert_eq!(env.run(&["python3", "-c", script]), "True\n");
+}
+
+#[test]
+fn sqlite_ten_thousand_inserts_integrity_and_reopen() {
+    if !have("sqlite3") {
+        return;
+    }
+    let env = Env::new();
+    let sql = "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+               BEGIN;
+               WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<10000)
+                 INSERT INTO t SELECT x, 'value-' || x FROM c;
+               COMMIT;
+               PRAGMA integrity_check;";
+    assert_eq!(env.run(&["sqlite3", "/kura/db.sqlite", sql]), "ok\n");
+    // A new process (and a new server: the last run stopped it) opens it again.
+    let out = env.run(&["sqlite3", "/kura/db.sqlite", "PRAGMA integrity_check; SELECT count(*), sum(id) FROM t; INSERT INTO t(v) VALUES ('more'); SELECT max(id) FROM t;"]);
+    assert_eq!(out, "ok\n10000|50005000\n10001\n");
+    // 10,000 single-row transactions from Python's sqlite3 (journal create/delete each time).
+    let py = "import sqlite3\nc = sqlite3.connect('/kura/db.sqlite')\nfor i in range(300):\n    c.execute('INSERT INTO t(v) VALUES (?)', ('r%d' % i,)); c.commit()\nprint(c.execute('PRAGMA integrity_check').fetchone()[0], c.execute('SELECT count(*) FROM t').fetchone()[0])";
+    assert_eq!(env.run(&["python3", "-c", py]), "ok 10301\n");
+}
+
+#[test]
+fn fio_verify_buffered_direct_and_sync() {
+    if !have("fio") {
+        return;
+    }
+    let env = Env::new();
+    for mode in ["--direct=0", "--direct=1", "--sync=1"] {
+        let out = env.run(&[
+            "fio", "--name=verify", "--filename=/kura/fio.dat", "--size=16m", "--bs=4k", "--rw=randwrite", "--ioengine=psync", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", mode,
+            "--output-format=json",
+        ]);
+        let start = out.find('{').expect("fio JSON");
+        let report: serde_json::Value = serde_json::from_str(&out[start..]).expect("fio JSON");
+        let job = &report["jobs"][0];
+        assert_eq!(job["error"], 0, "{mode}: {out}");
+        assert_eq!(job["write"]["io_bytes"], 16 << 20, "{mode}");
+        assert_eq!(job["read"]["io_bytes"], 16 << 20, "{mode}: verification read everything back");
+    }
+}
+
+/// A writer fsyncs every tenth record and reports it; the writer and the server holding the
+/// store are both killed with SIGKILL; the next run finds every fsynced record intact.
+#[test]
+fn fsynced_data_survives_kill_9_of_writer_and_server() {
+    let env = Env::new();
+    let writer = r#"
+import os, sys
+fd = os.open("/kura/log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+print(os.getpid(), flush=True)
+i = 0
+while True:
+    os.write(fd, b"record %08d %s\n" % (i, b"x" * 80))
+    i += 1
+    if i % 10 == 0:
+        os.fsync(fd)
+        print(i, flush=True)
+"#;
+    let mut child = env.command(&[], &["python3", "-c", writer]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let writer_pid: i32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let mut synced = 0u64;
+    for line in lines.by_ref() {
+        synced = line.unwrap().trim().parse().unwrap();
+        if synced >= 2000 {
+            break;
+        }
+    }
+    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(env.data_dir().join("server.json")).unwrap()).unwrap();
+    let server_pid = info["pid"].as_i64().unwrap() as i32;
+    // SAFETY: kill(2) of processes this test started (the local server and the writer).
+    unsafe {
+        libc::kill(server_pid, libc::SIGKILL);
+        libc::kill(writer_pid, libc::SIGKILL);
+    }
+    let _ = child.wait();
+    let check_script = format!(
+        "data = open('/kura/log', 'rb').read()\nn = {synced}\nfor i in range(n):\n    rec = data[i*97:(i+1)*97]\n    assert rec == b'record %08d %s\\n' % (i, b'x' * 80), (i, rec)\nprint('ok', len(data) // 97 >= n)"
+    );
+    assert_eq!(env.run(&["python3", "-c", &check_script]), "ok True\n");
+}
+
+/// Two processes create, rename over and delete names in one directory at once; afterwards
+/// every entry resolves, names are unique, link counts add up, contents match.
+#[test]
+fn concurrent_processes_keep_the_namespace_consistent() {
+    let env = Env::new();
+    env.sh("mkdir /kura/shared");
+    let worker = r#"
+import os, random, sys, errno
+me = sys.argv[1]
+rng = random.Random(me)
+for k in range(250):
+    tmp = "/kura/shared/tmp-%s-%d" % (me, k)
+    with open(tmp, "w") as f:
+        f.write("writer-%s-%d\n" % (me, k))
+    target = "/kura/shared/n%d" % rng.randrange(40)
+    os.rename(tmp, target)
+    if rng.random() < 0.3:
+        try:
+            os.unlink("/kura/shared/n%d" % rng.randrange(40))
+        except FileNotFoundError:
+            pass
+    if rng.random() < 0.1:
+        d = "/kura/shared/d%d" % rng.randrange(5)
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            try:
+                os.rmdir(d)
+            except OSError as e:
+                assert e.errno in (errno.ENOENT, errno.ENOTEMPTY), e
+print("done", me)
+"#;
+    let spawn = |id: &str| env.command(&[], &["python3", "-c", worker, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let a = spawn("a");
+    let b = spawn("b");
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        check(&out, &["worker"]);
+    }
+    let checker = r#"
+import os, re
+names = os.listdir("/kura/shared")
+assert len(names) == len(set(names)), "duplicate names"
+dirs = 0
+for n in names:
+    p = "/kura/shared/" + n
+    st = os.lstat(p)
+    if os.path.isdir(p):
+        dirs += 1
+        continue
+    assert re.fullmatch(r"n\d+", n), n
+    assert st.st_nlink == 1, (n, st.st_nlink)
+    body = open(p).read()
+    assert re.fullmatch(r"writer-[ab]-\d+\n", body), (n, body)
+assert os.stat("/kura/shared").st_nlink == 2 + dirs, (os.stat("/kura/shared").st_nlink, dirs)
+print("consistent", len(names) > 0)
+"#;
+    assert_eq!(env.run(&["python3", "-c", checker]), "consistent True\n");
+}
+
+#[test]
+fn a_full_pool_is_enospc_not_a_crash() {
+    let env = Env::new();
+    let script = r#"
+import os, errno
+fd = os.open("/kura/fill", os.O_WRONLY | os.O_CREAT, 0o644)
+chunk = os.urandom(1 << 20)
+try:
+    for i in range(2048):
+        os.write(fd, chunk)
+        if i % 16 == 15:
+            os.fsync(fd)
+    os.fsync(fd)
+    print("never full")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#;
+    let out = env.command(&["--store-size", "256M"], &["python3", "-c", script]).output().unwrap();
+    check(&out, &["fill"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ENOSPC\n", "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn an_unreachable_pool_is_eio_after_a_bounded_wait() {
+    let env = Env::new();
+    // Nothing listens: refused at once.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("kura://127.0.0.1:{closed}");
+    let started = Instant::now();
+    let out = env.command(&["--pool", &url], &["sh", "-c", "cat /kura/x; echo status=$?"]).env("KURA_FS_QUIET", "1").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("Input/output error") && text.contains("status=1"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // A server that accepts and never answers: EIO once the request times out.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("kura://{}", silent.local_addr().unwrap());
+    let started = Instant::now();
+    let out = env.command(&["--pool", &url], &["sh", "-c", "ls /kura/; echo status=$?"]).env("KURA_FS_QUIET", "1").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("Input/output error") && text.contains("status=2"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    drop(silent);
+}
