@@ -9,8 +9,8 @@
 //! memaslap, which cannot pipeline, gets `<threads> × <depth>` connections (`-c`).
 //!
 //! Per backend: load every key (4 KiB values), random sets for the set phase, then rounds of
-//! random gets (values checked) each followed by the standard tool; the best round of each
-//! is reported (and every round), latency from submit to completion over all rounds, and the
+//! random gets (values checked) each followed by the standard tool; the median round of each
+//! is reported (and every round), the ratio as the median of each round's pool/tool pair, latency from submit to completion over all rounds, and the
 //! client's requests per send/receive syscall during the gets.
 
 use std::net::TcpStream;
@@ -45,9 +45,10 @@ pub struct PoolBenchArgs {
     /// Seconds of each set and get phase (and of each standard tool's run).
     #[arg(long, default_value_t = 3)]
     duration_s: u64,
-    /// Get phases per backend, each followed by the standard tool's run; the best round of
-    /// each counts (this machine is shared: alternating rounds give both the same luck).
-    #[arg(long, default_value_t = 3)]
+    /// Get phases per backend, each followed by the standard tool's run; medians are reported,
+    /// and the ratio is the median of each round's pool/tool pair (adjacent runs share the
+    /// machine's luck).
+    #[arg(long, default_value_t = 5)]
     rounds: u32,
     /// Worker threads of the servers (kura -t, memcached -t).
     #[arg(long, default_value_t = 1)]
@@ -100,14 +101,8 @@ pub fn run(args: &PoolBenchArgs) -> anyhow::Result<()> {
         eprintln!("bench pool: {name}");
         results.insert(name.to_string(), measure(name, args)?);
     }
-    let ratio = |backend: &str, tool: &str| -> Value {
-        let get = results.get(backend).and_then(|r| r["get_4k_ops_per_s"].as_f64());
-        let anchor = results.get(backend).and_then(|r| r[tool].as_f64());
-        match (get, anchor) {
-            (Some(a), Some(b)) if b > 0.0 => json!((a / b * 1000.0).round() / 1000.0),
-            _ => Value::Null,
-        }
-    };
+    // The median over rounds of (pool rate / the tool's rate in the run right after it).
+    let ratio = |backend: &str| -> Value { results.get(backend).map_or(Value::Null, |r| r["get_over_tool_paired_median"].clone()) };
     let in_flight = args.threads * args.depth;
     let report = json!({
         "bench": "pool",
@@ -118,8 +113,8 @@ pub fn run(args: &PoolBenchArgs) -> anyhow::Result<()> {
         },
         "backends": Value::Object(results.clone()),
         "ratios": {
-            "memcached_get_over_memaslap": ratio("memcached", "memaslap_get_4k_ops_per_s"),
-            "redis_get_over_redis_benchmark": ratio("redis", "redis_benchmark_get_4k_ops_per_s"),
+            "memcached_get_over_memaslap": ratio("memcached"),
+            "redis_get_over_redis_benchmark": ratio("redis"),
         },
         "notes": "requests_per_syscall = (requests sent + replies read) / (send + receive syscalls) during the get phase; \
                   epoll_wait calls are counted apart (polls_per_request). Embedded: reads submitted and completed per \
@@ -249,9 +244,8 @@ fn measure(name: &str, args: &PoolBenchArgs) -> anyhow::Result<Value> {
     if gets.wrong > 0 || gets.missing > 0 {
         bail!("{name}: {} wrong values and {} missing keys in the get phase", gets.wrong, gets.missing);
     }
-    let best = |rates: &[f64]| rates.iter().copied().fold(0.0, f64::max);
     let mut out = json!({
-        "get_4k_ops_per_s": best(&get_rates),
+        "get_4k_ops_per_s": median(&get_rates),
         "get_4k_ops_per_s_rounds": get_rates,
         "set_4k_ops_per_s": sets.ops_per_s().round(),
         "get_4k_p50_us": gets.hist.percentile(50.0),
@@ -270,7 +264,11 @@ fn measure(name: &str, args: &PoolBenchArgs) -> anyhow::Result<Value> {
         _ => None,
     };
     if let Some(field) = tool_field.filter(|_| !tool_rates.is_empty()) {
-        out[field] = json!(best(&tool_rates));
+        out[field] = json!(median(&tool_rates));
+        // Each round's pool rate over the tool's run right after it (the same luck on a shared
+        // machine), then the median of those ratios.
+        let paired: Vec<f64> = get_rates.iter().zip(&tool_rates).filter(|(_, t)| **t > 0.0).map(|(g, t)| g / t).collect();
+        out["get_over_tool_paired_median"] = json!(round3(median(&paired)));
         out[format!("{field}_rounds")] = json!(tool_rates);
     }
     drop(pool);
@@ -278,6 +276,17 @@ fn measure(name: &str, args: &PoolBenchArgs) -> anyhow::Result<Value> {
     let _ = std::fs::remove_file(args.dir.join("embedded.kura"));
     let _ = std::fs::remove_file(args.dir.join("kura.kura"));
     Ok(out)
+}
+
+/// The median (the mean of the middle two for an even count); 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
 }
 
 fn round2(v: f64) -> f64 {
