@@ -129,14 +129,17 @@ impl EmbeddedContext {
     /// Hands over what is ready; otherwise waits for reads (they always complete, so the
     /// timeout only matters when it is zero: then nothing blocks).
     pub fn poll(&mut self, timeout: Option<Duration>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
-        if self.queue.unsubmitted() > 0 {
-            self.queue.submit()?;
-            self.stats.send_syscalls += 1;
-        }
         let mut delivered = self.deliver_ready(on_complete);
         if delivered > 0 || self.queue.in_flight() == 0 {
+            // Reads queued meanwhile leave now; the caller comes back for their completions.
+            if self.queue.unsubmitted() > 0 {
+                self.queue.submit()?;
+                self.stats.send_syscalls += 1;
+            }
             return Ok(delivered);
         }
+        // One io_uring_enter both issues the queued reads and waits for the first completion
+        // (counted once, as a receive).
         let min_complete = usize::from(timeout != Some(Duration::ZERO));
         self.queue.wait(min_complete, &mut self.completions)?;
         self.stats.recv_syscalls += 1;
