@@ -133,6 +133,14 @@ if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 command -v cargo >/dev/null || die "cargo not found: install Rust with rustup"
 
+# pjdfstest and fsx for the file system's conformance tests: built with cargo once, cached in
+# /var/cache/kura-tools (scripts/install-fs-tools.sh); with them installed the tests must run.
+if [ "${KURA_SKIP_INSTALL:-0}" != 1 ]; then
+  step "pjdfstest, fsx (cached in /var/cache/kura-tools)"
+  "$root/scripts/install-fs-tools.sh"
+  export KURA_REQUIRE_FS_TOOLS=${KURA_REQUIRE_FS_TOOLS:-1}
+fi
+
 # --no-fail-fast: one failing test binary does not hide the results of the others.
 # --workspace unless packages are named (cargo would otherwise test everything anyway).
 scope=(--workspace)

@@ -65,20 +65,29 @@ pub fn available() -> bool {
 
 /// An added ublk device; [`UblkDevice::run`] serves it until [`UblkStopper::stop`].
 pub struct UblkDevice {
-    ctrl: Arc<UblkCtrl>,
+    ctrl: UblkCtrl,
     config: UblkConfig,
 }
 
-/// Stops a running device from another thread (a signal handler's thread).
-#[derive(Clone)]
+/// Stops a running device from another thread (a signal handler's thread, or a queue thread
+/// that failed).
+///
+/// libublk keeps its control ring per thread and panics on a thread that has none, so the
+/// device's own `UblkCtrl` cannot be used here: a fresh control handle for the same device id
+/// (which opens `/dev/ublk-control` and sets up this thread's ring) sends `STOP_DEV`. The
+/// driver then aborts the queues' fetch commands, every queue thread returns, and
+/// [`UblkDevice::run`] deletes the device.
+#[derive(Clone, Debug)]
 pub struct UblkStopper {
-    ctrl: Arc<UblkCtrl>,
+    dev_id: u32,
 }
 
 impl UblkStopper {
     pub fn stop(&self) {
-        if let Err(e) = self.ctrl.kill_dev() {
-            tracing::warn!(error = %e, "ublk: stopping the device failed");
+        let stopped = UblkCtrl::new_simple(self.dev_id as i32).and_then(|ctrl| ctrl.kill_dev());
+        match stopped {
+            Ok(_) => tracing::debug!(dev_id = self.dev_id, "ublk: device stopping"),
+            Err(e) => tracing::warn!(dev_id = self.dev_id, error = %e, "ublk: stopping the device failed"),
         }
     }
 }
@@ -101,11 +110,11 @@ impl UblkDevice {
             .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
             .build()
             .map_err(|e| ublk_error("adding the device", e))?;
-        Ok(Self { ctrl: Arc::new(ctrl), config })
+        Ok(Self { ctrl, config })
     }
 
     pub fn stopper(&self) -> UblkStopper {
-        UblkStopper { ctrl: Arc::clone(&self.ctrl) }
+        UblkStopper { dev_id: self.ctrl.dev_info().dev_id }
     }
 
     /// The block device's path (`/dev/ublkbN`).
@@ -136,17 +145,36 @@ impl UblkDevice {
             };
             Ok(())
         };
+        let stopper = self.stopper();
         let queue_fn = move |qid: u16, dev: &UblkDev| {
             if let Err(e) = serve_queue(qid, dev, &pool, &volume, window) {
-                tracing::error!(qid, error = %e, "ublk: queue stopped with an error");
+                // The other queues and the kernel would wait for this one forever.
+                tracing::error!(qid, error = %e, "ublk: queue stopped with an error; stopping the device");
+                stopper.stop();
             }
         };
         let started = move |ctrl: &UblkCtrl| on_started(&ctrl.get_bdev_path());
         let result = self.ctrl.run_target(init, queue_fn, started).map_err(|e| ublk_error("serving", e));
-        if let Err(e) = self.ctrl.del_dev() {
-            tracing::debug!(error = %e, "ublk: deleting the device");
-        }
+        delete_device(&self.ctrl);
         result.map(|_| ())
+    }
+}
+
+/// Deletes a stopped device without waiting for its last user: a plain `DEL_DEV` waits until
+/// nothing holds `/dev/ublkbN` open, so a file system still mounted on it (already failing its
+/// I/O once the device stopped) would keep kura from exiting until it is unmounted.
+/// `DEL_DEV_ASYNC` (Linux 6.10) returns at once and the kernel frees the device when the last
+/// user lets go; older kernels get the waiting `DEL_DEV`.
+fn delete_device(ctrl: &UblkCtrl) {
+    let dev_id = ctrl.dev_info().dev_id;
+    match ctrl.del_dev_async() {
+        Ok(_) => tracing::debug!(dev_id, "ublk: device deleted"),
+        Err(e) => {
+            tracing::debug!(dev_id, error = %e, "ublk: DEL_DEV_ASYNC refused; deleting and waiting for the device's users");
+            if let Err(e) = ctrl.del_dev() {
+                tracing::warn!(dev_id, error = %e, "ublk: deleting the device failed");
+            }
+        }
     }
 }
 
@@ -176,6 +204,59 @@ fn serve_queue(qid: u16, dev: &UblkDev, pool: &Pool, volume: &Arc<Volume>, windo
         .map_err(|e| ublk_error("fetching commands", e))?;
     let mut incoming: Vec<u16> = Vec::with_capacity(usize::from(dev.dev_info.queue_depth));
     let mut finished: Vec<(u16, i32)> = Vec::new();
+    let mut counts = OpCounts::default();
+    let result = serve_loop(&queue, &bufs, &mut engine, volume, &mut incoming, &mut finished, &mut counts);
+    tracing::info!(
+        qid,
+        reads = counts.reads,
+        writes = counts.writes,
+        fua_writes = counts.fua_writes,
+        flushes = counts.flushes,
+        discards = counts.discards,
+        write_zeroes = counts.write_zeroes,
+        failed = counts.failed,
+        "ublk: queue done"
+    );
+    result
+}
+
+/// Requests one queue received, by kind (logged when the queue ends: the tests read them to
+/// see that the kernel sends flushes, FUA writes, discards and write-zeroes).
+#[derive(Debug, Default)]
+struct OpCounts {
+    reads: u64,
+    writes: u64,
+    fua_writes: u64,
+    flushes: u64,
+    discards: u64,
+    write_zeroes: u64,
+    failed: u64,
+}
+
+impl OpCounts {
+    fn count(&mut self, op: u32, fua: bool) {
+        match op {
+            sys::UBLK_IO_OP_READ => self.reads += 1,
+            sys::UBLK_IO_OP_WRITE if fua => self.fua_writes += 1,
+            sys::UBLK_IO_OP_WRITE => self.writes += 1,
+            sys::UBLK_IO_OP_FLUSH => self.flushes += 1,
+            sys::UBLK_IO_OP_DISCARD => self.discards += 1,
+            sys::UBLK_IO_OP_WRITE_ZEROES => self.write_zeroes += 1,
+            _ => {}
+        }
+    }
+}
+
+/// The queue's event loop, until the driver aborts the queue's commands (device stopped).
+fn serve_loop(
+    queue: &UblkQueue<'_>,
+    bufs: &[libublk::helpers::IoBuf<u8>],
+    engine: &mut BlockQueue<TagBuf>,
+    volume: &Arc<Volume>,
+    incoming: &mut Vec<u16>,
+    finished: &mut Vec<(u16, i32)>,
+    counts: &mut OpCounts,
+) -> Result<()> {
     loop {
         // Sleep in the ring only when nothing is in flight in the pool.
         let to_wait = usize::from(engine.is_idle());
@@ -194,13 +275,13 @@ fn serve_queue(qid: u16, dev: &UblkDev, pool: &Pool, volume: &Arc<Volume>, windo
             Err(e) => return Err(ublk_error("waiting for requests", e)),
         }
         for tag in incoming.drain(..) {
-            start(&queue, &bufs[usize::from(tag)], &mut engine, volume, tag, &mut finished);
+            start(queue, &bufs[usize::from(tag)], engine, volume, tag, finished, counts);
         }
         if !engine.is_idle() {
             engine.poll(None, &mut |done| {
                 let tag = done.tag as u16;
                 let result = match done.result {
-                    Ok(()) => committed_bytes(&queue, tag),
+                    Ok(()) => committed_bytes(queue, tag),
                     Err(e) => {
                         tracing::debug!(tag, error = %e, "ublk: request failed");
                         -e.errno()
@@ -210,6 +291,9 @@ fn serve_queue(qid: u16, dev: &UblkDev, pool: &Pool, volume: &Arc<Volume>, windo
             })?;
         }
         for (tag, result) in finished.drain(..) {
+            if result < 0 {
+                counts.failed += 1;
+            }
             queue
                 .complete_io_cmd_unified(tag, BufDesc::Slice(bufs[usize::from(tag)].as_slice()), Ok(UblkIORes::Result(result)))
                 .map_err(|e| ublk_error("completing a request", e))?;
@@ -228,10 +312,19 @@ fn committed_bytes(queue: &UblkQueue<'_>, tag: u16) -> i32 {
 
 /// Turns one ublk request into pool requests; a request that cannot start is finished at
 /// once with its error.
-fn start(queue: &UblkQueue<'_>, buf: &libublk::helpers::IoBuf<u8>, engine: &mut BlockQueue<TagBuf>, volume: &Arc<Volume>, tag: u16, finished: &mut Vec<(u16, i32)>) {
+fn start(
+    queue: &UblkQueue<'_>,
+    buf: &libublk::helpers::IoBuf<u8>,
+    engine: &mut BlockQueue<TagBuf>,
+    volume: &Arc<Volume>,
+    tag: u16,
+    finished: &mut Vec<(u16, i32)>,
+    counts: &mut OpCounts,
+) {
     let iod = queue.get_iod(tag);
     let op = iod.op_flags & 0xff;
     let fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
+    counts.count(op, fua);
     let offset = iod.start_sector << SECTOR_SHIFT;
     let len = u64::from(iod.nr_sectors) << SECTOR_SHIFT;
     let t = u64::from(tag);

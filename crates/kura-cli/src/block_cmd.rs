@@ -286,9 +286,13 @@ fn run_ublk(args: UblkArgs) -> anyhow::Result<()> {
     }
     let device = UblkDevice::add(config)?;
     let stopper = device.stopper();
+    // Every SIGTERM/SIGINT asks the driver to stop the device: one that arrives while the
+    // device is still starting finds nothing to stop yet, and the next one does.
     std::thread::Builder::new().name("signals".into()).spawn(move || {
-        wait_for_termination(&signals);
-        stopper.stop();
+        loop {
+            wait_for_termination(&signals);
+            stopper.stop();
+        }
     })?;
     let name = volume.meta.name.clone();
     device.run(handle.pool.clone(), volume, move |path| {

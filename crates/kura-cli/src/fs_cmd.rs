@@ -141,7 +141,7 @@ fn run_command(args: &RunArgs) -> anyhow::Result<()> {
     }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("KURA_FS_MOUNT", &args.mount).env("KURA_FS_POOL", urls.join(",")).env("KURA_FS_NAME", &args.pool.name).env_remove("KURA_FS_CWD");
-    for (var, value) in [("KURA_FS_CACHE_MB", args.cache_mb.map(u64::from)), ("KURA_FS_DIRTY_PERCENT", args.dirty_percent.map(u64::from)), ("KURA_FS_CHUNK_SIZE", args.chunk_size.map(u64::from))] {
+    for (var, value) in [("KURA_FS_CACHE_MB", args.cache_mb), ("KURA_FS_DIRTY_PERCENT", args.dirty_percent.map(u64::from)), ("KURA_FS_CHUNK_SIZE", args.chunk_size.map(u64::from))] {
         if let Some(v) = value {
             cmd.env(var, v.to_string());
         }

@@ -1,5 +1,6 @@
 //! The `kura` command.
 
+mod bench_block;
 mod bench_engine;
 mod bench_fs;
 mod block_cmd;
@@ -66,6 +67,8 @@ enum BenchCommand {
     Pool(bench_pool::PoolBenchArgs),
     /// The file system under the preload and through FUSE against ext4 on the same disk (paper 004).
     Fs(bench_fs::FsBenchArgs),
+    /// Block frontends (NBD, FUSE file + loop, ublk) with fio, against the pool client alone and qemu-nbd (paper 000).
+    Block(bench_block::BlockBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { command: BenchCommand::Pool(args) } => bench_pool::run(&args),
         Command::Fs { command } => fs_cmd::run(command),
         Command::Bench { command: BenchCommand::Fs(args) } => bench_fs::run(&args),
+        Command::Bench { command: BenchCommand::Block(args) } => bench_block::run(&args),
     }
 }
 

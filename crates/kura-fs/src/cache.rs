@@ -13,7 +13,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ use crate::{Fs, FsConfig};
 
 /// Dirty pages one write-back request carries, at most (bounds the copies held at once).
 const WRITEBACK_BATCH_PAGES: usize = 1024;
+/// Dirty pages copied per hold of a node's lock during write-back.
+const WRITEBACK_COPY_PAGES: usize = 16;
 /// How long a writer waits for room before looking again.
 const ROOM_WAIT_MS: u64 = 10;
 /// Evictions tried per page that must be freed before a writer waits.
@@ -51,6 +53,78 @@ struct Page {
     in_flight: bool,
 }
 
+/// Pages of one file below this index live in a vector (a lookup is one load, which the
+/// write path feels); pages past it (sparse files) in an ordered map.
+const DENSE_PAGES_MAX: u64 = 1 << 16;
+
+/// One file's cached pages by index.
+#[derive(Default)]
+struct PageMap {
+    /// Pages `0..DENSE_PAGES_MAX`, as far as any was cached.
+    dense: Vec<Option<Page>>,
+    /// Pages from `DENSE_PAGES_MAX` on.
+    sparse: BTreeMap<u64, Page>,
+}
+
+impl PageMap {
+    #[inline]
+    fn get(&self, index: u64) -> Option<&Page> {
+        if index < DENSE_PAGES_MAX { self.dense.get(index as usize)?.as_ref() } else { self.sparse.get(&index) }
+    }
+
+    #[inline]
+    fn get_mut(&mut self, index: u64) -> Option<&mut Page> {
+        if index < DENSE_PAGES_MAX { self.dense.get_mut(index as usize)?.as_mut() } else { self.sparse.get_mut(&index) }
+    }
+
+    #[inline]
+    fn contains(&self, index: u64) -> bool {
+        self.get(index).is_some()
+    }
+
+    fn insert(&mut self, index: u64, page: Page) {
+        if index < DENSE_PAGES_MAX {
+            let i = index as usize;
+            if self.dense.len() <= i {
+                self.dense.resize_with(i + 1, || None);
+            }
+            self.dense[i] = Some(page);
+        } else {
+            self.sparse.insert(index, page);
+        }
+    }
+
+    fn remove(&mut self, index: u64) -> Option<Page> {
+        if index < DENSE_PAGES_MAX { self.dense.get_mut(index as usize)?.take() } else { self.sparse.remove(&index) }
+    }
+
+    /// Removes the pages at or after `from` and returns them, in index order.
+    fn split_off(&mut self, from: u64) -> Vec<Page> {
+        let mut gone = Vec::new();
+        if from < self.dense.len() as u64 {
+            gone.extend(self.dense.drain(from as usize..).flatten());
+            if self.dense.iter().all(Option::is_none) {
+                self.dense = Vec::new();
+            }
+        }
+        gone.extend(self.sparse.split_off(&from.max(DENSE_PAGES_MAX)).into_values());
+        gone
+    }
+
+    /// Every page, in index order.
+    fn iter(&self) -> impl Iterator<Item = (u64, &Page)> {
+        let dense = self.dense.iter().enumerate().filter_map(|(i, p)| Some((i as u64, p.as_ref()?)));
+        dense.chain(self.sparse.iter().map(|(&i, p)| (i, p)))
+    }
+
+    /// The pages at or after `from`, in index order.
+    fn range_mut(&mut self, from: u64) -> impl Iterator<Item = (u64, &mut Page)> {
+        let start = from.min(self.dense.len() as u64) as usize;
+        let dense = self.dense[start..].iter_mut().enumerate().filter_map(move |(i, p)| Some(((start + i) as u64, p.as_mut()?)));
+        dense.chain(self.sparse.range_mut(from.max(DENSE_PAGES_MAX)..).map(|(&i, p)| (i, p)))
+    }
+}
+
 /// One inode as this process caches it.
 pub struct Node {
     pub ino: u64,
@@ -69,7 +143,7 @@ struct NodeInner {
     /// The size the pool's record had when last read or written back.
     pool_size: u64,
     generation: u64,
-    pages: BTreeMap<u64, Page>,
+    pages: PageMap,
     dirty: usize,
     /// Size or times to write back.
     meta_dirty: bool,
@@ -96,6 +170,8 @@ pub(crate) struct CacheState {
     room_lock: Mutex<()>,
     wb_kick: Condvar,
     wb_state: Mutex<WritebackState>,
+    /// `wb_state.worker_pid`, readable without the lock (writers check it on every write).
+    worker_pid: AtomicU32,
     interval: Duration,
     readahead_pages: u64,
     pass: PassGate,
@@ -122,6 +198,7 @@ impl CacheState {
             room_lock: Mutex::new(()),
             wb_kick: Condvar::new(),
             wb_state: Mutex::new(WritebackState::default()),
+            worker_pid: AtomicU32::new(0),
             interval: Duration::from_millis(config.writeback_interval_ms.max(1)),
             readahead_pages: u64::from(config.readahead_pages.max(1)),
             pass: PassGate { locked: AtomicBool::new(false), lock: Mutex::new(()) },
@@ -150,7 +227,7 @@ impl Node {
                 size: inode.size,
                 pool_size: inode.size,
                 generation: inode.generation,
-                pages: BTreeMap::new(),
+                pages: PageMap::default(),
                 dirty: 0,
                 meta_dirty: false,
                 mtime_ns: None,
@@ -281,8 +358,8 @@ impl Fs {
 
     /// Drops pages at or after index `from` (dirty ones too: the caller truncates).
     fn drop_pages(&self, inner: &mut NodeInner, from: u64) {
-        let dropped = inner.pages.split_off(&from);
-        let dirty = dropped.values().filter(|p| p.dirty).count();
+        let dropped = inner.pages.split_off(from);
+        let dirty = dropped.iter().filter(|p| p.dirty).count();
         inner.dirty -= dirty;
         self.cache.dirty.fetch_sub(dirty, Ordering::Relaxed);
         self.cache.pages.fetch_sub(dropped.len(), Ordering::Relaxed);
@@ -315,9 +392,9 @@ impl Fs {
             if inner.dirty > 0 || inner.meta_dirty {
                 continue;
             }
-            let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.in_flight).map(|(&i, _)| i).collect();
+            let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.in_flight).map(|(i, _)| i).collect();
             for index in &clean {
-                inner.pages.remove(index);
+                inner.pages.remove(*index);
             }
             self.cache.pages.fetch_sub(clean.len(), Ordering::Relaxed);
             node.stale.store(true, Ordering::Release);
@@ -370,13 +447,14 @@ impl Fs {
         let mut done = 0usize;
         let mut inserted = 0usize;
         let mut newly_dirty = 0usize;
+        let now = coarse_now_ns();
         while done < data.len() {
             let at = offset + done as u64;
             let index = at / chunk;
             let in_page = (at % chunk) as usize;
             let n = (self.chunk - in_page).min(data.len() - done);
             let mut inner = node.inner.lock();
-            if !inner.pages.contains_key(&index) {
+            if !inner.pages.contains(index) {
                 let needs_old = n < self.chunk && index * chunk < inner.pool_size;
                 let page = if needs_old {
                     drop(inner);
@@ -386,12 +464,12 @@ impl Fs {
                 } else {
                     self.page_from(None)
                 };
-                if !inner.pages.contains_key(&index) {
+                if !inner.pages.contains(index) {
                     self.insert_page(node, &mut inner, index, page);
                     inserted += 1;
                 }
             }
-            let page = inner.pages.get_mut(&index).expect("inserted above");
+            let page = inner.pages.get_mut(index).expect("inserted above");
             page.data[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
             if !page.dirty {
                 page.dirty = true;
@@ -400,7 +478,7 @@ impl Fs {
             }
             inner.size = inner.size.max(at + n as u64);
             inner.meta_dirty = true;
-            inner.mtime_ns = Some(coarse_now_ns());
+            inner.mtime_ns = Some(now);
             done += n;
         }
         if newly_dirty > 0 {
@@ -459,7 +537,7 @@ impl Fs {
             let index = at / chunk;
             let in_page = (at % chunk) as usize;
             let n = (self.chunk - in_page).min(data.len() - done);
-            if let Some(page) = inner.pages.get_mut(&index) {
+            if let Some(page) = inner.pages.get_mut(index) {
                 page.data[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
             }
             done += n;
@@ -483,6 +561,17 @@ impl Fs {
             let mut inner = node.inner.lock();
             let sequential = inner.last_read_end == offset;
             inner.last_read_end = offset + buf.len() as u64;
+            // The common case in one lock hold: the read lies in one cached page.
+            if offset < inner.size {
+                let len = (buf.len() as u64).min(inner.size - offset) as usize;
+                let in_page = (offset % chunk) as usize;
+                if in_page + len <= self.chunk
+                    && let Some(page) = inner.pages.get(offset / chunk)
+                {
+                    buf[..len].copy_from_slice(&page.data[in_page..in_page + len]);
+                    return Ok(len);
+                }
+            }
             (inner.size, sequential)
         };
         if offset >= size {
@@ -497,7 +586,7 @@ impl Fs {
             let n = (self.chunk - in_page).min(len - done);
             {
                 let inner = node.inner.lock();
-                if let Some(page) = inner.pages.get(&index) {
+                if let Some(page) = inner.pages.get(index) {
                     buf[done..done + n].copy_from_slice(&page.data[in_page..in_page + n]);
                     done += n;
                     continue;
@@ -508,7 +597,7 @@ impl Fs {
             let until = (last + 1).max(index + ahead).min(size.div_ceil(chunk));
             self.fill(node, index, until)?;
             let inner = node.inner.lock();
-            match inner.pages.get(&index) {
+            match inner.pages.get(index) {
                 Some(page) => buf[done..done + n].copy_from_slice(&page.data[in_page..in_page + n]),
                 None => continue, // evicted at once under memory pressure: look again
             }
@@ -521,7 +610,7 @@ impl Fs {
     fn fill(&self, node: &Arc<Node>, from: u64, until: u64) -> Result<()> {
         let missing: Vec<u64> = {
             let inner = node.inner.lock();
-            (from..until.max(from + 1)).filter(|i| !inner.pages.contains_key(i)).collect()
+            (from..until.max(from + 1)).filter(|i| !inner.pages.contains(*i)).collect()
         };
         let keys: Vec<Vec<u8>> = missing.iter().map(|&i| self.keys.chunk(node.ino, i)).collect();
         let values = self.kv.get_many(&keys)?;
@@ -529,7 +618,7 @@ impl Fs {
         {
             let mut inner = node.inner.lock();
             for (index, value) in missing.into_iter().zip(values) {
-                if !inner.pages.contains_key(&index) {
+                if !inner.pages.contains(index) {
                     let page = self.page_from(value.as_deref());
                     self.insert_page(node, &mut inner, index, page);
                     inserted += 1;
@@ -586,36 +675,46 @@ impl Fs {
     fn writeback_locked(&self, node: &Arc<Node>) -> Result<()> {
         let chunk = self.chunk as u64;
         loop {
-            let (items, indexes, size, mtime, meta) = {
+            let mut items = Vec::new();
+            let mut indexes: Vec<u64> = Vec::new();
+            // Pages are copied a few at a time, the node's lock dropped in between, so writers
+            // to the file wait for one short copy, never for a whole batch. Each page's length
+            // comes from the size at its copy; a page written again meanwhile is dirty again.
+            let (size, mtime, meta) = loop {
                 let mut inner = node.inner.lock();
-                if inner.dirty == 0 && !inner.meta_dirty {
+                if indexes.is_empty() && inner.dirty == 0 && !inner.meta_dirty {
                     return Ok(());
                 }
                 let size = inner.size;
-                let mut items = Vec::new();
-                let mut indexes = Vec::new();
-                for (&index, page) in inner.pages.iter_mut().filter(|(_, p)| p.dirty).take(WRITEBACK_BATCH_PAGES) {
+                let from = indexes.last().map_or(0, |i| i + 1);
+                let room = (WRITEBACK_BATCH_PAGES - indexes.len()).min(WRITEBACK_COPY_PAGES);
+                let mut taken = 0;
+                for (index, page) in inner.pages.range_mut(from).filter(|(_, p)| p.dirty).take(room) {
                     let len = (size.saturating_sub(index * chunk)).min(chunk) as usize;
                     page.dirty = false;
                     page.in_flight = true;
                     indexes.push(index);
+                    taken += 1;
                     if len > 0 {
                         items.push((self.keys.chunk(node.ino, index), page.data[..len].to_vec()));
                     }
                 }
-                inner.dirty -= indexes.len();
-                self.cache.dirty.fetch_sub(indexes.len(), Ordering::Relaxed);
+                inner.dirty -= taken;
+                self.cache.dirty.fetch_sub(taken, Ordering::Relaxed);
+                if taken == room && indexes.len() < WRITEBACK_BATCH_PAGES {
+                    continue;
+                }
                 let meta = inner.dirty == 0 && inner.meta_dirty;
                 let mtime = if meta { inner.mtime_ns.take() } else { None };
                 if meta {
                     inner.meta_dirty = false;
                 }
-                (items, indexes, size, mtime, meta)
+                break (size, mtime, meta);
             };
             let written = self.kv.set_many(&items);
             {
                 let mut inner = node.inner.lock();
-                for index in &indexes {
+                for &index in &indexes {
                     if let Some(page) = inner.pages.get_mut(index) {
                         page.in_flight = false;
                         if written.is_err() && !page.dirty {
@@ -719,7 +818,7 @@ impl Fs {
             let first_gone = size.div_ceil(chunk);
             let keys: Vec<Vec<u8>> = (first_gone..old_size.div_ceil(chunk)).map(|i| self.keys.chunk(ino, i)).collect();
             self.kv.delete_many(&keys)?;
-            if size % chunk != 0 {
+            if !size.is_multiple_of(chunk) {
                 let index = size / chunk;
                 if let Some(mut value) = self.fetch_chunk(ino, index)? {
                     let keep = (size % chunk) as usize;
@@ -733,8 +832,8 @@ impl Fs {
         if let Some(node) = &node {
             let mut inner = node.inner.lock();
             self.drop_pages(&mut inner, size.div_ceil(chunk));
-            if size % chunk != 0
-                && let Some(page) = inner.pages.get_mut(&(size / chunk))
+            if !size.is_multiple_of(chunk)
+                && let Some(page) = inner.pages.get_mut(size / chunk)
             {
                 page.data[(size % chunk) as usize..].fill(0);
             }
@@ -786,9 +885,9 @@ impl Fs {
                 continue;
             };
             let mut inner = node.inner.lock();
-            match inner.pages.get(&index) {
+            match inner.pages.get(index) {
                 Some(p) if !p.dirty && !p.in_flight => {
-                    inner.pages.remove(&index);
+                    inner.pages.remove(index);
                     self.cache.pages.fetch_sub(1, Ordering::Relaxed);
                     freed += 1;
                 }
@@ -810,12 +909,9 @@ impl Fs {
 
     /// Starts this process's write-back worker if it has none (first write, or after fork).
     fn ensure_writeback_worker(&self) {
-        let pid = std::process::id();
-        {
-            let state = self.cache.wb_state.lock();
-            if state.worker_pid == pid {
-                return;
-            }
+        let pid = crate::process_id();
+        if self.cache.worker_pid.load(Ordering::Relaxed) == pid {
+            return;
         }
         let Some(fs) = self.self_arc() else {
             return;
@@ -825,6 +921,7 @@ impl Fs {
             return;
         }
         state.worker_pid = pid;
+        self.cache.worker_pid.store(pid, Ordering::Relaxed);
         let weak = Arc::downgrade(&fs);
         let spawned = std::thread::Builder::new().name("kura-fs-writeback".into()).spawn(move || writeback_worker(weak, pid));
         if let Err(e) = spawned {
@@ -877,7 +974,7 @@ fn writeback_worker(fs: Weak<Fs>, pid: u32) {
         let Some(strong) = fs.upgrade() else {
             return;
         };
-        if std::process::id() != pid {
+        if crate::process_id() != pid {
             return;
         }
         {
@@ -893,5 +990,40 @@ fn writeback_worker(fs: Weak<Fs>, pid: u32) {
             tracing::warn!("write-back failed: {e}");
         }
         strong.cache.room.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(tag: u8) -> Page {
+        Page { data: vec![tag; 4].into_boxed_slice(), dirty: tag % 2 == 1, in_flight: false }
+    }
+
+    /// The page map against a `BTreeMap` model, across the dense/sparse boundary.
+    #[test]
+    fn page_map_matches_an_ordered_map() {
+        let mut map = PageMap::default();
+        let mut model: BTreeMap<u64, u8> = BTreeMap::new();
+        let indexes = [0, 7, 3, DENSE_PAGES_MAX - 1, DENSE_PAGES_MAX, DENSE_PAGES_MAX + 5, 1 << 40, 12];
+        for (tag, &i) in indexes.iter().enumerate() {
+            map.insert(i, page(tag as u8));
+            model.insert(i, tag as u8);
+        }
+        let seen = |map: &PageMap| map.iter().map(|(i, p)| (i, p.data[0])).collect::<Vec<_>>();
+        assert_eq!(seen(&map), model.iter().map(|(&i, &t)| (i, t)).collect::<Vec<_>>());
+        assert!(map.contains(DENSE_PAGES_MAX) && !map.contains(1) && !map.contains(DENSE_PAGES_MAX + 1));
+        assert_eq!(map.remove(3).map(|p| p.data[0]), model.remove(&3));
+        assert!(map.remove(3).is_none() && map.remove(u64::MAX).is_none());
+        let dirty_from_7: Vec<u64> = map.range_mut(7).filter(|(_, p)| p.dirty).map(|(i, _)| i).collect();
+        let model_dirty: Vec<u64> = model.range(7..).filter(|(_, t)| *t % 2 == 1).map(|(&i, _)| i).collect();
+        assert_eq!(dirty_from_7, model_dirty);
+        let gone = map.split_off(DENSE_PAGES_MAX - 1);
+        let model_gone = model.split_off(&(DENSE_PAGES_MAX - 1));
+        assert_eq!(gone.iter().map(|p| p.data[0]).collect::<Vec<_>>(), model_gone.values().copied().collect::<Vec<_>>());
+        assert_eq!(seen(&map), model.iter().map(|(&i, &t)| (i, t)).collect::<Vec<_>>());
+        assert_eq!(map.split_off(0).len(), model.len());
+        assert!(map.iter().next().is_none() && map.dense.capacity() == 0);
     }
 }

@@ -26,6 +26,10 @@ pub enum FsError {
     TooManyLinks,
     #[error("operation not permitted")]
     Perm,
+    #[error("permission denied")]
+    Access,
+    #[error("device or resource busy")]
+    Busy,
     #[error("operation not supported")]
     NotSupported,
     /// The pool refused a write because live data fills it.
@@ -54,6 +58,8 @@ impl FsError {
             FsError::TooBig => libc::EFBIG,
             FsError::TooManyLinks => libc::EMLINK,
             FsError::Perm => libc::EPERM,
+            FsError::Access => libc::EACCES,
+            FsError::Busy => libc::EBUSY,
             FsError::NotSupported => libc::EOPNOTSUPP,
             FsError::NoSpace => libc::ENOSPC,
             FsError::Io(_) | FsError::Corrupt { .. } => libc::EIO,

@@ -97,7 +97,7 @@ impl PoolKv {
     /// Runs `f` with this thread's context (made on first use, and again after a fork; a
     /// temporary one while the thread's locals are being destroyed, e.g. in exit handlers).
     fn with_context<T>(&self, f: impl FnOnce(&mut Context) -> Result<T>) -> Result<T> {
-        let pid = std::process::id();
+        let pid = crate::process_id();
         let mut f = Some(f);
         let cached = CONTEXTS.try_with(|cell| {
             let mut contexts = cell.borrow_mut();
@@ -119,7 +119,7 @@ impl PoolKv {
 
     fn with_meta<T>(&self, key: &[u8], f: impl FnOnce(&mut MetaConn) -> Result<T>) -> Result<T> {
         let addr = self.pool.node_of(key).addrs[0].clone();
-        let pid = std::process::id();
+        let pid = crate::process_id();
         let mut f = Some(f);
         let cached = META_CONNS.try_with(|cell| {
             let mut conns = cell.borrow_mut();

@@ -25,7 +25,8 @@ pub mod ns;
 pub mod path;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Once};
 
 use parking_lot::Mutex;
 
@@ -45,6 +46,35 @@ pub const WRITEBACK_INTERVAL_MS_DEFAULT: u64 = 5000;
 pub const READAHEAD_PAGES_DEFAULT: u32 = 32;
 /// The smallest cache accepted (a few pages per thread would deadlock writers).
 pub const CACHE_BYTES_MIN: u64 = 1 << 20;
+
+/// This process's id as [`process_id`] last read it; 0 when unknown (at start, and in the child
+/// of a `fork`). Inherently process-wide: it caches a property of the process.
+static PROCESS_ID: AtomicU32 = AtomicU32::new(0);
+static PROCESS_ID_ATFORK: Once = Once::new();
+
+extern "C" fn forget_process_id() {
+    PROCESS_ID.store(0, Ordering::Relaxed);
+}
+
+/// This process's id, without a system call on the data path. `getpid` is one (glibc stopped
+/// caching it), and the cache and the pool contexts check the process on every request to
+/// notice a `fork`. The cached id is dropped in the child of every `fork` that runs the
+/// atfork handlers (glibc's `fork`, `vfork`-as-`fork`); a child made by a raw `clone` system
+/// call would see its parent's id.
+#[inline]
+pub fn process_id() -> u32 {
+    let pid = PROCESS_ID.load(Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    PROCESS_ID_ATFORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+        unsafe { libc::pthread_atfork(None, None, Some(forget_process_id)) };
+    });
+    let pid = std::process::id();
+    PROCESS_ID.store(pid, Ordering::Relaxed);
+    pid
+}
 
 /// How one process uses a file system.
 #[derive(Debug, Clone)]

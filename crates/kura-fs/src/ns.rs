@@ -42,6 +42,110 @@ pub struct Owner {
     pub gid: u32,
 }
 
+/// Who asks, for the permission checks of callers that the kernel does not check for us (the
+/// preload; through FUSE the kernel checks, `default_permissions`). The rules are Linux's
+/// (`generic_permission`, `may_delete`, `setattr_prepare`), without capabilities beyond root.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cred {
+    /// Effective user and group ids.
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// Access bits asked of [`Cred::check_access`] (as `R_OK`, `W_OK`, `X_OK`).
+pub const MAY_READ: u32 = 4;
+pub const MAY_WRITE: u32 = 2;
+pub const MAY_EXEC: u32 = 1;
+
+impl Cred {
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+
+    /// May this caller read, write or execute/search (`mask`, of `MAY_*`) `inode`? `EACCES`.
+    /// Root may do anything but execute a file without any execute bit.
+    pub fn check_access(&self, inode: &Inode, mask: u32) -> Result<()> {
+        debug_assert_eq!(mask & !7, 0, "mask is MAY_* bits");
+        if self.is_root() {
+            let exec_denied = mask & MAY_EXEC != 0 && !is_dir(inode.mode) && inode.mode & 0o111 == 0;
+            return if exec_denied { Err(FsError::Access) } else { Ok(()) };
+        }
+        let shift = if self.uid == inode.uid {
+            6
+        } else if self.in_group(inode.gid) {
+            3
+        } else {
+            0
+        };
+        if (inode.mode >> shift) & mask == mask { Ok(()) } else { Err(FsError::Access) }
+    }
+
+    /// May this caller add an entry to directory `dir`? Write and search on it.
+    pub fn check_create(&self, dir: &Inode) -> Result<()> {
+        self.check_access(dir, MAY_WRITE | MAY_EXEC)
+    }
+
+    /// May this caller remove (or rename away) `victim`, an entry of `dir`? Write and search on
+    /// `dir` (`EACCES`); in a sticky directory also owning `dir` or `victim` (`EPERM`).
+    pub fn check_delete(&self, dir: &Inode, victim: &Inode) -> Result<()> {
+        self.check_create(dir)?;
+        let sticky = dir.mode & libc::S_ISVTX != 0;
+        if sticky && !self.is_root() && self.uid != dir.uid && self.uid != victim.uid {
+            return Err(FsError::Perm);
+        }
+        Ok(())
+    }
+
+    /// May this caller make the changes of `attr` to `inode`? `times_now`: the times asked are
+    /// "now" (`utimensat` with `NULL` or both `UTIME_NOW`), which write permission suffices
+    /// for. Returns `attr` as it is to be applied: a set-group-ID bit the caller may not set
+    /// is dropped, as Linux does, rather than refused.
+    pub fn check_setattr(&self, inode: &Inode, attr: SetAttr, times_now: bool) -> Result<SetAttr> {
+        let owner = self.is_root() || self.uid == inode.uid;
+        let mut attr = attr;
+        if let Some(uid) = attr.uid
+            && !self.is_root()
+            && (uid != inode.uid || self.uid != inode.uid)
+        {
+            return Err(FsError::Perm);
+        }
+        if let Some(gid) = attr.gid
+            && !self.is_root()
+            && (self.uid != inode.uid || (gid != inode.gid && !self.in_group(gid)))
+        {
+            return Err(FsError::Perm);
+        }
+        if let Some(mode) = attr.mode {
+            if !owner {
+                return Err(FsError::Perm);
+            }
+            let gid = attr.gid.unwrap_or(inode.gid);
+            if mode & libc::S_ISGID != 0 && !self.is_root() && !self.in_group(gid) {
+                attr.mode = Some(mode & !libc::S_ISGID);
+            }
+        }
+        if (attr.atime_ns.is_some() || attr.mtime_ns.is_some()) && !owner {
+            if !times_now {
+                return Err(FsError::Perm);
+            }
+            self.check_access(inode, MAY_WRITE)?;
+        }
+        if attr.size.is_some() {
+            if is_dir(inode.mode) {
+                return Err(FsError::IsDir);
+            }
+            self.check_access(inode, MAY_WRITE)?;
+        }
+        Ok(attr)
+    }
+}
+
 /// `renameat2` flags.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RenameFlags {
@@ -439,9 +543,7 @@ impl Fs {
             (false, false) => (0, 0),
         };
         self.touch_dir(sdir, sdelta)?;
-        if ddir != sdir {
-            self.touch_dir(ddir, ddelta)?;
-        } else if ddelta != 0 {
+        if ddir != sdir || ddelta != 0 {
             self.touch_dir(ddir, ddelta)?;
         }
         if let Some(r) = replaced {
@@ -587,4 +689,72 @@ fn check_target(now: Option<&DirEntry>, checked: &Option<DirEntry>, flags: Renam
 #[allow(dead_code)]
 fn _assert_send_sync(fs: Arc<Fs>) -> impl Send + Sync {
     fs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inode(mode: u32, uid: u32, gid: u32) -> Inode {
+        Inode::new(9, mode, uid, gid, 0)
+    }
+
+    fn user(uid: u32, gid: u32) -> Cred {
+        Cred { uid, gid, groups: vec![] }
+    }
+
+    #[test]
+    fn access_follows_owner_group_other() {
+        let f = inode(libc::S_IFREG | 0o640, 10, 20);
+        assert_eq!(user(10, 1).check_access(&f, MAY_READ | MAY_WRITE), Ok(()));
+        assert_eq!(user(11, 20).check_access(&f, MAY_READ), Ok(()));
+        assert_eq!(user(11, 20).check_access(&f, MAY_WRITE), Err(FsError::Access));
+        assert_eq!(Cred { uid: 11, gid: 1, groups: vec![20] }.check_access(&f, MAY_READ), Ok(()));
+        assert_eq!(user(12, 1).check_access(&f, MAY_READ), Err(FsError::Access));
+        // The owner class decides even when group or other would allow more.
+        assert_eq!(user(10, 1).check_access(&inode(libc::S_IFREG | 0o077, 10, 1), MAY_READ), Err(FsError::Access));
+        assert_eq!(user(0, 0).check_access(&f, MAY_WRITE), Ok(()));
+        assert_eq!(user(0, 0).check_access(&f, MAY_EXEC), Err(FsError::Access));
+        assert_eq!(user(0, 0).check_access(&inode(libc::S_IFDIR, 10, 20), MAY_EXEC), Ok(()));
+    }
+
+    #[test]
+    fn delete_needs_write_on_the_directory_and_respects_sticky() {
+        let dir = inode(libc::S_IFDIR | 0o1777, 0, 0);
+        let theirs = inode(libc::S_IFREG | 0o666, 11, 11);
+        assert_eq!(user(10, 10).check_delete(&dir, &theirs), Err(FsError::Perm));
+        assert_eq!(user(11, 11).check_delete(&dir, &theirs), Ok(()));
+        assert_eq!(user(0, 0).check_delete(&dir, &theirs), Ok(()));
+        let closed = inode(libc::S_IFDIR | 0o755, 0, 0);
+        assert_eq!(user(11, 11).check_delete(&closed, &theirs), Err(FsError::Access));
+    }
+
+    #[test]
+    fn setattr_rules_of_linux() {
+        let f = inode(libc::S_IFREG | 0o666, 10, 10);
+        let chmod = SetAttr { mode: Some(0o600), ..SetAttr::default() };
+        assert_eq!(user(11, 11).check_setattr(&f, chmod, false).unwrap_err(), FsError::Perm);
+        assert!(user(10, 10).check_setattr(&f, chmod, false).is_ok());
+        // Set-group-ID for a group the owner is not in is dropped, not refused.
+        let sgid = SetAttr { mode: Some(0o2755), ..SetAttr::default() };
+        let g = inode(libc::S_IFREG | 0o644, 10, 99);
+        assert_eq!(user(10, 10).check_setattr(&g, sgid, false).unwrap().mode, Some(0o755));
+        // chown: only root gives a file away; the owner may change the group to one of theirs.
+        let give = SetAttr { uid: Some(11), ..SetAttr::default() };
+        assert_eq!(user(10, 10).check_setattr(&f, give, false).unwrap_err(), FsError::Perm);
+        assert!(user(0, 0).check_setattr(&f, give, false).is_ok());
+        let chgrp = SetAttr { gid: Some(30), ..SetAttr::default() };
+        assert_eq!(user(10, 10).check_setattr(&f, chgrp, false).unwrap_err(), FsError::Perm);
+        assert!(Cred { uid: 10, gid: 10, groups: vec![30] }.check_setattr(&f, chgrp, false).is_ok());
+        // Times: "now" needs write permission, a chosen time ownership.
+        let times = SetAttr { atime_ns: Some(1), mtime_ns: Some(1), ..SetAttr::default() };
+        assert!(user(11, 11).check_setattr(&f, times, true).is_ok());
+        assert_eq!(user(11, 11).check_setattr(&f, times, false).unwrap_err(), FsError::Perm);
+        let ro = inode(libc::S_IFREG | 0o644, 10, 10);
+        assert_eq!(user(11, 11).check_setattr(&ro, times, true).unwrap_err(), FsError::Access);
+        // truncate: write permission.
+        let size = SetAttr { size: Some(0), ..SetAttr::default() };
+        assert_eq!(user(11, 11).check_setattr(&ro, size, false).unwrap_err(), FsError::Access);
+        assert!(user(10, 10).check_setattr(&ro, size, false).is_ok());
+    }
 }

@@ -7,7 +7,7 @@ use crate::layout::{DirEntry, ROOT_INO, is_dir};
 
 /// Symbolic links one resolution follows, at most (Linux's limit).
 pub const SYMLINK_FOLLOWS_MAX: u32 = 40;
-/// Longest path accepted (PATH_MAX).
+/// PATH_MAX: a path string must be shorter (the count includes its terminating NUL).
 pub const PATH_BYTES_MAX: usize = 4096;
 
 /// Where a path leads.
@@ -70,13 +70,60 @@ pub fn strip_mount<'a>(path: &'a [u8], mount: &[u8]) -> Option<&'a [u8]> {
     rest.strip_prefix(b"/")
 }
 
+/// The kernel's length check of a path string, made before it resolves anything: a path of
+/// `PATH_MAX` bytes or more (with its NUL, more than `PATH_MAX`) is `ENAMETOOLONG`. The preload
+/// must apply it to the path as the caller gave it, before joining it to a working directory or
+/// normalising it.
+pub fn check_path_len(path: &[u8]) -> Result<()> {
+    if path.len() >= PATH_BYTES_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}
+
+/// What an operation does with the last component of its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameOp {
+    /// `mkdir`, `mknod`, `mkfifo`, `symlink`, `link`'s new name.
+    Create,
+    Unlink,
+    Rmdir,
+    /// Either name of `rename`.
+    Rename,
+}
+
+/// Refuses `.`, `..` or nothing (the root) as the entry an operation creates, removes or
+/// renames, with the errno Linux gives (`fs/namei.c`: the last component is not a normal
+/// name). Lexical: it must see the caller's path before `.` and `..` are normalised away, or
+/// `rmdir("d/.")` removes `d`.
+pub fn check_last_component(path: &[u8], op: NameOp) -> Result<()> {
+    let last = path.split(|&b| b == b'/').rev().find(|c| !c.is_empty());
+    let errno_of = |is_dot: bool| match op {
+        NameOp::Create => FsError::Exists,
+        NameOp::Unlink => FsError::IsDir,
+        NameOp::Rmdir if is_dot => FsError::Invalid,
+        NameOp::Rmdir => FsError::NotEmpty,
+        NameOp::Rename => FsError::Busy,
+    };
+    match last {
+        Some(b".") => Err(errno_of(true)),
+        Some(b"..") => Err(errno_of(false)),
+        Some(_) => Ok(()),
+        // "/" or "": the root itself.
+        None if path.is_empty() => Ok(()),
+        None => Err(match op {
+            NameOp::Rmdir | NameOp::Rename => FsError::Busy,
+            NameOp::Create => FsError::Exists,
+            NameOp::Unlink => FsError::IsDir,
+        }),
+    }
+}
+
 impl Fs {
     /// Resolves `path` (relative: to directory `start`; absolute paths are the caller's to
     /// strip of the mount prefix first) with `mount` the prefix for absolute symlink targets.
     pub fn resolve(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
-        if path.len() > PATH_BYTES_MAX {
-            return Err(FsError::NameTooLong);
-        }
+        check_path_len(path)?;
         let trailing_slash = path.ends_with(b"/");
         // Components still to walk, in reverse (a stack, so symlink targets splice in front).
         let mut todo: Vec<Vec<u8>> = path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev().collect();
@@ -181,5 +228,25 @@ mod tests {
         assert_eq!(mount_parent(b"/kura"), b"/");
         assert_eq!(mount_parent(b"/mnt/kura"), b"/mnt");
         assert_eq!(join_outside(b"/", &[b"etc".to_vec(), b"passwd".to_vec()]), b"/etc/passwd");
+    }
+
+    #[test]
+    fn path_length_counts_the_nul() {
+        assert_eq!(check_path_len(&[b'a'; PATH_BYTES_MAX - 1]), Ok(()));
+        assert_eq!(check_path_len(&[b'a'; PATH_BYTES_MAX]), Err(FsError::NameTooLong));
+    }
+
+    #[test]
+    fn dot_and_dotdot_are_refused_as_linux_does() {
+        use NameOp::*;
+        assert_eq!(check_last_component(b"/kura/d/.", Rmdir), Err(FsError::Invalid));
+        assert_eq!(check_last_component(b"d/..", Rmdir), Err(FsError::NotEmpty));
+        assert_eq!(check_last_component(b"d/./", Rename), Err(FsError::Busy));
+        assert_eq!(check_last_component(b"..", Unlink), Err(FsError::IsDir));
+        assert_eq!(check_last_component(b"d/.", Create), Err(FsError::Exists));
+        assert_eq!(check_last_component(b"/", Rmdir), Err(FsError::Busy));
+        assert_eq!(check_last_component(b"d/.x", Rmdir), Ok(()));
+        assert_eq!(check_last_component(b"./d/", Rename), Ok(()));
+        assert_eq!(check_last_component(b"../d", Unlink), Ok(()));
     }
 }

@@ -213,8 +213,8 @@ fn scan(d: *mut KDir, namelist: *mut *mut *mut libc::dirent64, filter: Filter, c
             }
             break;
         }
-        // SAFETY: `filter` is the caller's function taking an entry.
         if let Some(f) = filter
+            // SAFETY: `filter` is the caller's function taking an entry.
             && unsafe { f(e) } == 0
         {
             continue;

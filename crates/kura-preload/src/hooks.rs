@@ -140,7 +140,19 @@ fn active() -> Option<&'static State> {
 fn with_fs<T>(state: &State, f: impl FnOnce(&Arc<Fs>) -> Result<T, i32>) -> Result<T, i32> {
     let _busy = Busy::enter();
     let fs = state.fs().map_err(fs_errno)?;
-    f(&fs)
+    f(fs)
+}
+
+/// The caller's credentials, for the permission checks the kernel would make.
+fn cred() -> kura_fs::ns::Cred {
+    const GROUPS_MAX: usize = 256;
+    let mut groups = vec![0u32; GROUPS_MAX];
+    // SAFETY: getgroups writes at most GROUPS_MAX ids into the buffer; the id getters cannot fail.
+    unsafe {
+        let n = libc::getgroups(GROUPS_MAX as c_int, groups.as_mut_ptr());
+        groups.truncate(n.max(0) as usize);
+        kura_fs::ns::Cred { uid: libc::geteuid(), gid: libc::getegid(), groups }
+    }
 }
 
 fn owner() -> Owner {
@@ -158,12 +170,18 @@ fn umask_now() -> u32 {
 }
 
 /// The node of an open regular file (opened now if this process inherited the descriptor).
-fn node_of(fs: &Arc<Fs>, of: &OpenFile) -> Result<Arc<kura_fs::Node>, i32> {
-    if let Some(n) = of.node() {
-        return Ok(Arc::clone(n));
+#[inline]
+fn node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>, i32> {
+    match of.node() {
+        Some(n) => Ok(n),
+        None => open_node_of(fs, of),
     }
+}
+
+#[cold]
+fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>, i32> {
     let inode = fs.getattr(of.ino).map_err(fs_errno)?;
-    Ok(Arc::clone(of.set_node(fs.open_node(&inode))))
+    Ok(of.set_node(fs.open_node(&inode)))
 }
 
 /// Resolves a kura target.
@@ -228,9 +246,12 @@ fn fill_statx(st: *mut libc::statx, inode: &Inode, chunk: usize) {
     s.stx_dev_minor = KURA_DEV_MINOR;
 }
 
+/// A kura inode with the chunk size, or (`Err`) the absolute path the kernel answers for.
+type StatTarget = Result<(Inode, usize), Vec<u8>>;
+
 /// The inode a stat-like call names: a kura descriptor (`AT_EMPTY_PATH`) or path. `Ok(None)`:
 /// the kernel's.
-fn stat_target(state: &State, dirfd: c_int, path: *const c_char, flags: c_int) -> Result<Option<Result<(Inode, usize), Vec<u8>>>, i32> {
+fn stat_target(state: &State, dirfd: c_int, path: *const c_char, flags: c_int) -> Result<Option<StatTarget>, i32> {
     // SAFETY: libc's contract: path is NULL or NUL-terminated.
     let p = unsafe { bytes(path) };
     if p.is_none_or(<[u8]>::is_empty) {
@@ -367,7 +388,7 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
             match inode.mode & libc::S_IFMT {
                 libc::S_IFLNK => return Err(libc::ELOOP),
                 libc::S_IFDIR => {
-                    if accmode != libc::O_RDONLY || creat {
+                    if accmode != libc::O_RDONLY || creat || flags & libc::O_TRUNC != 0 {
                         return Err(libc::EISDIR);
                     }
                 }
@@ -528,7 +549,7 @@ fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Optio
     with_fs(state, |fs| {
         let node = node_of(fs, of)?;
         let offset = at.unwrap_or_else(|| of.offset());
-        let n = if flags & libc::O_DIRECT != 0 { fs.read_direct(&node, offset, out) } else { fs.read(&node, offset, out) }.map_err(fs_errno)?;
+        let n = if flags & libc::O_DIRECT != 0 { fs.read_direct(node, offset, out) } else { fs.read(node, offset, out) }.map_err(fs_errno)?;
         if at.is_none() {
             of.set_offset(offset + n as u64);
         }
@@ -560,8 +581,8 @@ fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Op
     };
     with_fs(state, |fs| {
         let node = node_of(fs, of)?;
-        let offset = if flags & libc::O_APPEND != 0 { fs.size_of(&node).map_err(fs_errno)? } else { at.unwrap_or_else(|| of.offset()) };
-        let n = fs.write(&node, offset, data, mode).map_err(fs_errno)?;
+        let offset = if flags & libc::O_APPEND != 0 { fs.size_of(node).map_err(fs_errno)? } else { at.unwrap_or_else(|| of.offset()) };
+        let n = fs.write(node, offset, data, mode).map_err(fs_errno)?;
         if at.is_none() {
             of.set_offset(offset + n as u64);
         }
@@ -753,7 +774,7 @@ fn kura_lseek(state: &State, of: &OpenFile, offset: i64, whence: c_int) -> Resul
         of.set_offset(offset as u64);
         return Ok(offset as c_long);
     }
-    let size = with_fs(state, |fs| fs.size_of(&node_of(fs, of)?).map_err(fs_errno))? as i64;
+    let size = with_fs(state, |fs| fs.size_of(node_of(fs, of)?).map_err(fs_errno))? as i64;
     let new = match whence {
         libc::SEEK_SET => offset,
         libc::SEEK_CUR => (of.offset() as i64).checked_add(offset).ok_or(libc::EOVERFLOW)?,
@@ -803,7 +824,7 @@ extern "C" fn h_fsync(fd: c_int) -> c_int {
                 if of.is_dir {
                     fs.kv().flush().map_err(fs_errno)?;
                 } else {
-                    fs.fsync(&node_of(fs, &of)?).map_err(fs_errno)?;
+                    fs.fsync(node_of(fs, &of)?).map_err(fs_errno)?;
                 }
                 Ok(0)
             }));
@@ -895,7 +916,7 @@ extern "C" fn h_truncate(path: *const c_char, len: i64) -> c_int {
                 }
                 match resolve(state, fs, start, &rel, true)? {
                     Resolved::Found { entry, .. } => {
-                        fs.setattr(entry.ino, SetAttr { size: Some(len as u64), ..SetAttr::default() }).map_err(fs_errno)?;
+                        set(fs, entry.ino, SetAttr { size: Some(len as u64), ..SetAttr::default() })?;
                         Ok(0)
                     }
                     Resolved::Missing { .. } => Err(libc::ENOENT),
@@ -920,7 +941,7 @@ fn kura_fallocate(state: &State, of: &OpenFile, mode: c_int, offset: i64, len: i
     let end = (offset as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
     with_fs(state, |fs| {
         let node = node_of(fs, of)?;
-        let size = fs.size_of(&node).map_err(fs_errno)?;
+        let size = fs.size_of(node).map_err(fs_errno)?;
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         match mode & !libc::FALLOC_FL_KEEP_SIZE {
             0 => {}
@@ -933,7 +954,7 @@ fn kura_fallocate(state: &State, of: &OpenFile, mode: c_int, offset: i64, len: i
                 let zeros = vec![0u8; COPY_STEP_BYTES];
                 while at < stop {
                     let n = ((stop - at) as usize).min(COPY_STEP_BYTES);
-                    fs.write(&node, at, &zeros[..n], WriteMode::Buffered).map_err(fs_errno)?;
+                    fs.write(node, at, &zeros[..n], WriteMode::Buffered).map_err(fs_errno)?;
                     at += n as u64;
                 }
                 return Ok(0);
@@ -1091,6 +1112,18 @@ fn outside(abs: &[u8], raw_call: &dyn Fn(c_int, *const c_char) -> c_int) -> Resu
     if r < 0 { Err(errno()) } else { Ok(r) }
 }
 
+/// `.`, `..` or the root as the entry to create, remove or rename: refused as Linux does,
+/// on the caller's path (`classify` normalises them away).
+fn refuse_dots(dirfd: c_int, path: *const c_char, op: kura_fs::path::NameOp) -> Result<(), i32> {
+    let Some(state) = active() else { return Ok(()) };
+    // SAFETY: libc's contract.
+    let Some(p) = (unsafe { bytes(path) }) else { return Ok(()) };
+    match classify(state, dirfd, p)? {
+        Target::Kura { .. } => kura_fs::path::check_last_component(p, op).map_err(|e| e.errno()),
+        _ => Ok(()),
+    }
+}
+
 fn last_component(rel: &[u8]) -> &[u8] {
     let trimmed = rel.strip_suffix(b"/").unwrap_or(rel);
     trimmed.rsplit(|&b| b == b'/').next().unwrap_or(trimmed)
@@ -1098,6 +1131,9 @@ fn last_component(rel: &[u8]) -> &[u8] {
 
 extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
     guard(-1, || {
+        if let Err(e) = refuse_dots(dirfd, path, kura_fs::path::NameOp::Create) {
+            return ret_int(Err(e));
+        }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_mkdirat, d, p, mode) as c_int }
@@ -1105,6 +1141,7 @@ extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_in
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
             Resolved::Missing { parent, name } => {
+                cred().check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)?;
                 fs.mkdir(parent, &name, mode & 0o7777 & !umask_now(), owner()).map_err(fs_errno)?;
                 Ok(0)
             }
@@ -1119,6 +1156,9 @@ extern "C" fn h_mkdir(path: *const c_char, mode: c_uint) -> c_int {
 
 extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: libc::dev_t) -> c_int {
     guard(-1, || {
+        if let Err(e) = refuse_dots(dirfd, path, kura_fs::path::NameOp::Create) {
+            return ret_int(Err(e));
+        }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_mknodat, d, p, mode, dev) as c_int }
@@ -1142,6 +1182,10 @@ extern "C" fn h_mknod(path: *const c_char, mode: c_uint, dev: libc::dev_t) -> c_
 
 extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     guard(-1, || {
+        let op = if flags & libc::AT_REMOVEDIR != 0 { kura_fs::path::NameOp::Rmdir } else { kura_fs::path::NameOp::Unlink };
+        if let Err(e) = refuse_dots(dirfd, path, op) {
+            return ret_int(Err(e));
+        }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_unlinkat, d, p, flags) as c_int }
@@ -1160,6 +1204,8 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                     if name.is_empty() {
                         return Err(libc::EBUSY);
                     }
+                    let dir = fs.getattr(parent).map_err(fs_errno)?;
+                    cred().check_delete(&dir, &fs.getattr(entry.ino).map_err(fs_errno)?).map_err(fs_errno)?;
                     if rmdir {
                         fs.rmdir(parent, &name).map_err(fs_errno)?;
                     } else {
@@ -1187,6 +1233,9 @@ extern "C" fn h_rmdir(path: *const c_char) -> c_int {
 
 extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_uint) -> c_int {
     guard(-1, || {
+        if let Err(e) = refuse_dots(olddir, old, kura_fs::path::NameOp::Rename).and_then(|()| refuse_dots(newdir, new, kura_fs::path::NameOp::Rename)) {
+            return ret_int(Err(e));
+        }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_renameat2, od, o, nd, n, flags) as c_int }
@@ -1194,7 +1243,8 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
         let Some(state) = active() else { return raw_call(olddir, old, newdir, new) };
         // SAFETY: libc's contract.
         let (Some(o), Some(n)) = (unsafe { bytes(old) }, unsafe { bytes(new) }) else {
-            return raw_call(olddir, old, newdir, new);
+            // The kernel may look the good one up first (ENOENT for a kura path), not EFAULT.
+            return ret_int(Err(libc::EFAULT));
         };
         let (ot, nt) = match (classify(state, olddir, o), classify(state, newdir, n)) {
             (Ok(a), Ok(b)) => (a, b),
@@ -1216,16 +1266,28 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             unreachable!("both kura: checked above")
         };
         ret_int(with_fs(state, |fs| {
+            let cred = cred();
             let (sp, sname) = match resolve(state, fs, os, &orel, false)? {
-                Resolved::Found { parent, name, .. } if !name.is_empty() => (parent, name),
+                Resolved::Found { parent, name, entry } if !name.is_empty() => {
+                    let victim = fs.getattr(entry.ino).map_err(fs_errno)?;
+                    cred.check_delete(&fs.getattr(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
+                    (parent, name)
+                }
                 Resolved::Found { .. } => return Err(libc::EBUSY),
                 Resolved::Missing { .. } => return Err(libc::ENOENT),
                 Resolved::Outside(_) => return Err(libc::EXDEV),
             };
             let (dp, dname) = match resolve(state, fs, ns, &nrel, false)? {
-                Resolved::Found { parent, name, .. } if !name.is_empty() => (parent, name),
+                Resolved::Found { parent, name, entry } if !name.is_empty() => {
+                    let target = fs.getattr(entry.ino).map_err(fs_errno)?;
+                    cred.check_delete(&fs.getattr(parent).map_err(fs_errno)?, &target).map_err(fs_errno)?;
+                    (parent, name)
+                }
                 Resolved::Found { .. } => return Err(libc::EBUSY),
-                Resolved::Missing { parent, name } => (parent, name),
+                Resolved::Missing { parent, name } => {
+                    cred.check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)?;
+                    (parent, name)
+                }
                 Resolved::Outside(_) => return Err(libc::EXDEV),
             };
             let rf = RenameFlags { noreplace: flags & libc::RENAME_NOREPLACE != 0, exchange: flags & libc::RENAME_EXCHANGE != 0 };
@@ -1245,6 +1307,9 @@ extern "C" fn h_rename(old: *const c_char, new: *const c_char) -> c_int {
 
 extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_int) -> c_int {
     guard(-1, || {
+        if let Err(e) = refuse_dots(newdir, new, kura_fs::path::NameOp::Create) {
+            return ret_int(Err(e));
+        }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_linkat, od, o, nd, n, flags) as c_int }
@@ -1252,7 +1317,8 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
         let Some(state) = active() else { return raw_call(olddir, old, newdir, new) };
         // SAFETY: libc's contract.
         let (Some(o), Some(n)) = (unsafe { bytes(old) }, unsafe { bytes(new) }) else {
-            return raw_call(olddir, old, newdir, new);
+            // The kernel may look the good one up first (ENOENT for a kura path), not EFAULT.
+            return ret_int(Err(libc::EFAULT));
         };
         match (classify(state, olddir, o), classify(state, newdir, n)) {
             (Err(e), _) | (_, Err(e)) => ret_int(Err(e)),
@@ -1264,6 +1330,7 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
                 };
                 match resolve(state, fs, ns, &nrel, false)? {
                     Resolved::Missing { parent, name } => {
+                        cred().check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)?;
                         fs.link(ino, parent, &name).map_err(fs_errno)?;
                         Ok(0)
                     }
@@ -1293,6 +1360,9 @@ extern "C" fn h_link(old: *const c_char, new: *const c_char) -> c_int {
 
 extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
     guard(-1, || {
+        if let Err(e) = refuse_dots(dirfd, path, kura_fs::path::NameOp::Create) {
+            return ret_int(Err(e));
+        }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_symlinkat, target, d, p) as c_int }
@@ -1300,6 +1370,7 @@ extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_ch
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| {
             // SAFETY: libc's contract.
             let t = unsafe { bytes(target) }.ok_or(libc::EFAULT)?;
+            kura_fs::path::check_path_len(t).map_err(|e| e.errno())?;
             match resolve(state, fs, start, rel, false)? {
                 Resolved::Found { .. } => Err(libc::EEXIST),
                 Resolved::Missing { parent, name } => {
@@ -1430,7 +1501,24 @@ fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_
 }
 
 fn set(fs: &Arc<Fs>, ino: u64, attr: SetAttr) -> Result<(), i32> {
+    set_checked(fs, ino, attr, false)
+}
+
+/// `setattr` after the permission checks; `times_now`: the times asked are "now".
+fn set_checked(fs: &Arc<Fs>, ino: u64, attr: SetAttr, times_now: bool) -> Result<(), i32> {
+    let inode = fs.getattr(ino).map_err(fs_errno)?;
+    let attr = cred().check_setattr(&inode, attr, times_now).map_err(fs_errno)?;
     fs.setattr(ino, attr).map(|_| ()).map_err(fs_errno)
+}
+
+/// utimensat's times are all "now" or omitted (write permission suffices for those).
+fn times_are_now(times: *const libc::timespec) -> bool {
+    if times.is_null() {
+        return true;
+    }
+    // SAFETY: utimensat(2)'s contract: two timespecs.
+    let t = unsafe { std::slice::from_raw_parts(times, 2) };
+    t.iter().all(|ts| ts.tv_nsec == libc::UTIME_NOW || ts.tv_nsec == libc::UTIME_OMIT)
 }
 
 extern "C" fn h_fchmodat(dirfd: c_int, path: *const c_char, mode: c_uint, flags: c_int) -> c_int {
@@ -1524,7 +1612,7 @@ extern "C" fn h_utimensat(dirfd: c_int, path: *const c_char, times: *const libc:
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_utimensat, d, p, times, flags) as c_int }
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, times_attr(times)))
+        attr_op(dirfd, path, flags, raw_call, |fs, ino| set_checked(fs, ino, times_attr(times), times_are_now(times)))
     })
 }
 
@@ -1804,7 +1892,7 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
         let dst = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
         let filled = with_fs(state, |fs| {
             let node = node_of(fs, &of)?;
-            fs.read(&node, offset as u64, dst).map_err(fs_errno)
+            fs.read(node, offset as u64, dst).map_err(fs_errno)
         });
         if let Err(e) = filled {
             // SAFETY: unmapping our own fresh mapping.

@@ -8,6 +8,9 @@ use kura_fs::path::strip_mount;
 
 use crate::state::State;
 
+/// The first address above x86-64 user space (the last page below 2^47 is never mapped).
+const USER_SPACE_END: usize = 0x0000_7fff_ffff_f000;
+
 /// Where a path goes.
 pub enum Target {
     /// To the kernel, as the caller gave it.
@@ -48,7 +51,9 @@ pub fn normalise(path: &[u8]) -> Vec<u8> {
 /// # Safety
 /// `path` is NULL or a NUL-terminated string.
 pub unsafe fn bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
-    if path.is_null() {
+    // Above user space nothing is mapped (x86-64): the kernel answers EFAULT, and reading
+    // there would crash the caller.
+    if path.is_null() || path as usize >= USER_SPACE_END {
         return None;
     }
     // SAFETY: the caller passes a NUL-terminated string.
@@ -67,6 +72,7 @@ fn kura_abs(state: &State, abs: Vec<u8>, keep_trailing_slash: bool) -> Option<Ta
 
 /// Classifies `path` relative to `dirfd` (`AT_FDCWD` or a descriptor).
 pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
+    kura_fs::path::check_path_len(path).map_err(|e| e.errno())?;
     if path.is_empty() {
         return Ok(Target::Kernel);
     }

@@ -22,6 +22,8 @@ pub struct State {
     pool_urls: Vec<String>,
     fs_config: FsConfig,
     fs: Mutex<FsSlot>,
+    /// `fs.fs` once opened (it never changes after): the data path reads it without the lock.
+    fs_open: OnceLock<Arc<Fs>>,
     pub fds: FdTable,
     /// The working directory when it is inside the mount (absolute path), else `None` (the
     /// kernel's).
@@ -121,11 +123,12 @@ pub fn init() {
         pool_urls,
         fs_config,
         fs: Mutex::new(FsSlot::default()),
+        fs_open: OnceLock::new(),
         fds: FdTable::new(),
         cwd: RwLock::new(env("KURA_FS_CWD").map(String::into_bytes)),
         active: std::sync::atomic::AtomicBool::new(false),
         embedded,
-        owner_pid: std::process::id(),
+        owner_pid: kura_fs::process_id(),
     };
     if STATE.set(state).is_err() {
         return;
@@ -143,13 +146,22 @@ pub fn init() {
 impl State {
     /// The file system, opened on first use; `Err` (EIO) while the pool cannot be reached
     /// (tried again after a short back-off, so a pool that comes back is used again).
-    pub fn fs(&self) -> Result<Arc<Fs>, FsError> {
-        if self.embedded && std::process::id() != self.owner_pid {
+    #[inline]
+    pub fn fs(&self) -> Result<&Arc<Fs>, FsError> {
+        if self.embedded && kura_fs::process_id() != self.owner_pid {
             return Err(FsError::Io("the embedded engine belongs to the parent process (use a kura server pool to share the file system between processes)".into()));
         }
+        match self.fs_open.get() {
+            Some(fs) => Ok(fs),
+            None => self.fs_slow(),
+        }
+    }
+
+    #[cold]
+    fn fs_slow(&self) -> Result<&Arc<Fs>, FsError> {
         let mut slot = self.fs.lock();
         if let Some(fs) = &slot.fs {
-            return Ok(Arc::clone(fs));
+            return Ok(self.fs_open.get_or_init(|| Arc::clone(fs)));
         }
         if let (Some(at), Some(e)) = (slot.failed_at, &slot.error)
             && at.elapsed() < std::time::Duration::from_millis(REOPEN_BACKOFF_MS)
@@ -160,7 +172,7 @@ impl State {
             Ok(fs) => {
                 slot.fs = Some(Arc::clone(&fs));
                 slot.error = None;
-                Ok(fs)
+                Ok(self.fs_open.get_or_init(|| fs))
             }
             Err(e) => {
                 crate::hooks::complain(&format!("libkura_fs: cannot open the file system: {e}"));
@@ -173,7 +185,7 @@ impl State {
 
     /// The file system if it is open (no attempt to open it).
     pub fn fs_if_open(&self) -> Option<Arc<Fs>> {
-        self.fs.try_lock().and_then(|slot| slot.fs.clone())
+        self.fs_open.get().cloned()
     }
 
     fn open_fs(&self) -> Result<Arc<Fs>, FsError> {

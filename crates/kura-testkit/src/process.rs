@@ -13,9 +13,23 @@ const CONNECT_TIMEOUT_MS: u64 = 200;
 /// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it for a listener that
 /// is closed again). Another process may take it before the caller binds it: tests start the
 /// server and then wait with [`wait_for_tcp`], which fails rather than hangs if that happened.
+///
+/// Never the same port twice in one process: tests of one binary run in parallel, and the OS
+/// may hand a just-released port to the next `bind(0)` before the first test's server has bound
+/// it — the second test would then talk to the first one's server.
 pub fn free_tcp_port() -> io::Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    const ATTEMPTS_MAX: usize = 64;
+    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..ATTEMPTS_MAX {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, "no fresh free TCP port"))
 }
 
 /// Waits until something accepts TCP connections on `addr`, for at most `timeout`.

@@ -586,17 +586,19 @@ impl InBuf {
         }
     }
 
-    /// Reads what the socket has into the free space.
-    fn fill(&mut self, stream: &mut Stream) -> io::Result<usize> {
+    /// Reads what the socket has into the free space: (bytes read, whether that was less
+    /// than the space, i.e. the socket had nothing more at that moment).
+    fn fill(&mut self, stream: &mut Stream) -> io::Result<(usize, bool)> {
         if self.end == self.buf.len() {
             if self.start == 0 {
-                return Ok(usize::MAX); // full: parse first
+                return Ok((usize::MAX, false)); // full: parse first
             }
             self.reserve_total(self.buf.len() - self.start + 1);
         }
+        let space = self.buf.len() - self.end;
         let n = stream.read(&mut self.buf[self.end..])?;
         self.end += n;
-        Ok(n)
+        Ok((n, n < space))
     }
 }
 
@@ -678,12 +680,15 @@ impl<'a> Transmission<'a> {
     /// Reads what has arrived and starts every complete request.
     fn read_requests(&mut self) -> Result<(), ConnError> {
         loop {
-            match self.inbuf.fill(&mut self.stream) {
-                Ok(0) => {
+            // A short read drained the socket: parse, and read again only on the next turn
+            // (an extra read here would mostly fail with EAGAIN, one syscall per request at
+            // queue depth 1).
+            let drained = match self.inbuf.fill(&mut self.stream) {
+                Ok((0, _)) => {
                     self.closing = true; // the client closed its side
                     break;
                 }
-                Ok(_) => {}
+                Ok((_, short)) => short,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
@@ -692,9 +697,9 @@ impl<'a> Transmission<'a> {
                     break;
                 }
                 Err(e) => return Err(e.into()),
-            }
+            };
             let wanted_more = self.parse_requests()?;
-            if self.closing || self.backpressured() || !wanted_more {
+            if drained || self.closing || self.backpressured() || !wanted_more {
                 break;
             }
         }

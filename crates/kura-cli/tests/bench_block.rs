@@ -1,0 +1,64 @@
+//! `kura bench block` end to end with tiny settings: it runs every frontend this host has, and
+//! prints one JSON object with every figure and anchor.
+
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+const FIELDS: [&str; 6] = ["randread_4k_iops", "randwrite_4k_iops", "seqread_128k_mib_s", "seqwrite_128k_mib_s", "qd1_read_lat_us", "qd1_write_lat_us"];
+
+fn installed(program: &str) -> bool {
+    Command::new(program).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Every figure is a positive number, or the target says why it is absent.
+fn check_target(report: &Value, what: &str) {
+    if report.get("absent").is_some() {
+        eprintln!("{what}: absent: {}", report["absent"]);
+        return;
+    }
+    for field in FIELDS {
+        let v = report[field].as_f64().unwrap_or_else(|| panic!("{what}.{field} missing: {report}"));
+        assert!(v > 0.0, "{what}.{field} = {v}");
+    }
+}
+
+#[test]
+fn bench_block_prints_every_field() {
+    if !installed("fio") {
+        eprintln!("SKIP: fio is not installed (./scripts/test.sh installs it)");
+        return;
+    }
+    // O_DIRECT and qemu-nbd --cache=none need a disk file system, not tmpfs.
+    std::fs::create_dir_all("/var/tmp/kura-cli-tests").unwrap();
+    let dir = tempfile::tempdir_in("/var/tmp/kura-cli-tests").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args(["bench", "block", "--size", "16M", "--runtime-s", "0.3", "--backends", "embedded", "--frontends", "nbd,fuse_loop,ublk", "--filesystems", "ext4", "--dir"])
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "kura bench block failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"));
+    assert_eq!(report["bench"], "block");
+    let embedded = &report["backends"]["embedded"];
+    for anchor in ["pool_get_4k_ops_per_s", "pool_get_4k_lat_us"] {
+        assert!(embedded[anchor].as_f64().is_some_and(|v| v > 0.0), "{anchor}: {embedded}");
+    }
+    check_target(&embedded["nbd"], "nbd");
+    check_target(&embedded["fuse_loop"], "fuse_loop");
+    if embedded["fuse_loop"].get("absent").is_none() {
+        check_target(&embedded["fuse_loop"]["ext4"], "fuse_loop.ext4");
+    }
+    check_target(&embedded["ublk"], "ublk");
+    if embedded.get("qemu_nbd_absent").is_none() {
+        for anchor in ["qemu_nbd_randread_4k_iops", "qemu_nbd_qd1_read_lat_us"] {
+            assert!(embedded[anchor].as_f64().is_some_and(|v| v > 0.0), "{anchor}: {embedded}");
+        }
+    }
+    for goal in ["nbd_randread_over_pool_get", "nbd_randread_over_qemu_nbd", "nbd_qd1_read_lat_minus_pool_us", "nbd_seqread_over_pool_get_bandwidth", "fuse_loop_randread_over_nbd"] {
+        assert!(embedded["goals"][goal].get("met").is_some(), "goal {goal}: {}", embedded["goals"]);
+    }
+}
