@@ -25,7 +25,7 @@ use kura_pool::Pool;
 use crate::error::BlockError;
 use crate::queue::{BlockQueue, Done, Volume};
 
-pub const THREADS_DEFAULT: usize = 16;
+pub const THREADS_DEFAULT: usize = 32;
 pub const THREADS_MAX: usize = 256;
 /// Largest read or write the kernel sends in one FUSE request.
 pub const REQUEST_BYTES_MAX: u32 = 1 << 20;
