@@ -523,17 +523,24 @@ impl Fs {
             replaced
         };
         let now = now_ns();
-        if src_is_dir && sdir != ddir {
+        let touched = if src_is_dir && sdir != ddir {
             self.update_inode(src.ino, |i| {
                 i.parent = ddir;
                 i.ctime_ns = now;
                 Ok(())
-            })?;
+            })
         } else {
             self.update_inode(src.ino, |i| {
                 i.ctime_ns = now;
                 Ok(())
-            })?;
+            })
+        };
+        match touched {
+            // Once the new name is in place another process may rename something over it and
+            // drop the last link of the moved inode before this one gets here: the rename
+            // happened (and was then replaced), so that is success, not ENOENT.
+            Ok(_) | Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
         }
         let replaced_dir = replaced.as_ref().is_some_and(|r| r.dtype == libc::DT_DIR);
         let (sdelta, ddelta) = match (src_is_dir && sdir != ddir, replaced_dir) {
