@@ -6,11 +6,13 @@
 //! - [`hist`]: latency histograms (HdrHistogram) with percentiles and merging;
 //! - [`plot`]: line and bar charts as PNG, fonts compiled in;
 //! - [`json`]: print a result pretty and optionally save it;
-//! - [`proc`]: a process's RSS and CPU time from /proc.
+//! - [`proc`]: a process's RSS and CPU time from /proc;
+//! - [`host`]: a free TCP port, whether a tool is installed, medians of rounds.
 
 pub mod dist;
 pub mod fio;
 pub mod hist;
+pub mod host;
 pub mod json;
 pub mod plot;
 pub mod proc;

@@ -32,6 +32,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_bench::fio::{self, FioJob, FioResult, FioRw};
 use kura_bench::hist::LatencyHist;
+use kura_bench::host::{free_tcp_port, median, which};
 use kura_block::Volumes;
 use kura_pool::{Outcome, Pool, block_key};
 use rand::rngs::StdRng;
@@ -283,10 +284,6 @@ fn kura_cmd() -> anyhow::Result<Command> {
     Ok(cmd)
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
-}
-
 fn wait_until(what: &str, proc: &mut Proc, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
     let deadline = Instant::now() + START_TIMEOUT;
     while !ready() {
@@ -313,7 +310,7 @@ fn start_backend(name: &str, args: &BlockBenchArgs, dir: &Path) -> anyhow::Resul
     if name == "embedded" {
         return Ok((format!("embedded:{}?size={size_mb}M", store.display()), None));
     }
-    let port = free_port()?;
+    let port = free_tcp_port()?;
     let mut cmd = kura_cmd()?;
     cmd.args(["serve", "-l", "127.0.0.1", "-p", &port.to_string(), "--mode", "store", "--size", &format!("{size_mb}M")])
         .args(["-t", &args.server_threads.to_string(), "-m", &args.server_memory_mb.to_string(), "--path"])
@@ -408,7 +405,7 @@ impl Anchors {
         };
         let (qemu, qemu_absent) = if args.skip_qemu {
             (None, Some("--skip-qemu".to_owned()))
-        } else if !which("qemu-nbd") {
+        } else if which("qemu-nbd").is_none() {
             progress.0.inc(1 + 2 * u64::from(args.rounds));
             (None, Some("qemu-nbd is not installed (qemu-utils)".to_owned()))
         } else {
@@ -659,11 +656,7 @@ fn fuse_loop_unavailable() -> Option<String> {
     if !Path::new("/dev/fuse").exists() {
         return Some("no /dev/fuse".into());
     }
-    ["fusermount3", "losetup", "mount", "umount"].into_iter().find(|t| !which(t)).map(|t| format!("{t} is not installed"))
-}
-
-fn which(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(name).is_file()))
+    ["fusermount3", "losetup", "mount", "umount"].into_iter().find(|t| which(t).is_none()).map(|t| format!("{t} is not installed"))
 }
 
 fn run_cmd(program: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -875,16 +868,6 @@ fn plot(path: &Path, report: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
 }
@@ -897,12 +880,6 @@ fn load_average() -> Value {
 mod tests {
     use super::*;
 
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert!(median(&[]).is_nan());
-    }
 
     #[test]
     fn goals_pair_each_round_with_its_anchor() {

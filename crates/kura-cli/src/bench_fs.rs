@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use kura_bench::host::median;
 use serde_json::{Value, json};
 
 use crate::engine_cmd::progress;
@@ -292,13 +293,6 @@ fn fio_version() -> anyhow::Result<String> {
 
 fn load_average() -> Option<f64> {
     fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
 }
 
 /// The run directory with kura's data directories, the ext4 anchor and the FUSE mount.

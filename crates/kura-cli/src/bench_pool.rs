@@ -10,17 +10,19 @@
 //!
 //! Per backend: load every key (4 KiB values), random sets for the set phase, then rounds of
 //! random gets (values checked) each followed by the standard tool; the median round of each
-//! is reported (and every round), the ratio as the median of each round's pool/tool pair, latency from submit to completion over all rounds, and the
-//! client's requests per send/receive syscall during the gets.
+//! is reported (and every round), the ratio as the median of each round's pool/tool pair,
+//! latency from submit to completion over all rounds, and the client's requests per
+//! send/receive syscall during the gets.
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
 use kura_bench::hist::LatencyHist;
+use kura_bench::host::{free_tcp_port, median, which};
 use kura_pool::{IoStats, Outcome, Pool, PoolConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -143,12 +145,8 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
-}
-
 fn start(name: &str, args: &PoolBenchArgs) -> anyhow::Result<Server> {
-    let port = free_port()?;
+    let port = free_tcp_port()?;
     let data_mb = (args.keys * (args.value_size as u64 + 128)) >> 20;
     let threads = args.server_threads.to_string();
     let mut cmd = match name {
@@ -276,17 +274,6 @@ fn measure(name: &str, args: &PoolBenchArgs) -> anyhow::Result<Value> {
     let _ = std::fs::remove_file(args.dir.join("embedded.kura"));
     let _ = std::fs::remove_file(args.dir.join("kura.kura"));
     Ok(out)
-}
-
-/// The median (the mean of the middle two for an even count); 0 for none.
-fn median(values: &[f64]) -> f64 {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
 }
 
 fn round2(v: f64) -> f64 {
@@ -423,7 +410,7 @@ fn one_thread(pool: &Pool, args: &PoolBenchArgs, phase: Phase, duration: Duratio
 /// memaslap (`memcaslap` on Debian 12) with 100% gets of 4 KiB values over its own keys,
 /// `threads x depth` connections; the GET rate is its "Get Statistics" global TPS.
 fn memaslap(port: u16, args: &PoolBenchArgs) -> anyhow::Result<f64> {
-    let bin = ["memcaslap", "memaslap"].into_iter().find(|b| which(b)).context("memaslap (memcaslap) is not installed: libmemcached-tools")?;
+    let bin = ["memcaslap", "memaslap"].into_iter().find(|b| which(b).is_some()).context("memaslap (memcaslap) is not installed: libmemcached-tools")?;
     let config = args.dir.join("memaslap.cfg");
     std::fs::write(&config, format!("key\n16 16 1\nvalue\n{0} {0} 1\ncmd\n0 0.0\n1 1.0\n", args.value_size))?;
     let concurrency = (args.threads * args.depth).to_string();
@@ -472,10 +459,6 @@ fn redis_benchmark(port: u16, args: &PoolBenchArgs, pool_rate: f64) -> anyhow::R
 fn parse_redis_benchmark(text: &str) -> Option<f64> {
     let line = text.lines().find(|l| l.starts_with("\"GET\""))?;
     line.split(',').nth(1)?.trim_matches('"').parse().ok()
-}
-
-fn which(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| Path::new(&d).join(name).is_file()))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use kura_bench::hist::LatencyHist;
+use kura_bench::host::{free_tcp_port, which};
 use kura_bench::proc::{self, ProcSample};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -213,19 +214,13 @@ impl Drop for Running {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
-}
-
 fn start_system(
     name: &str,
     args: &ServerBenchArgs,
     items: u64,
     data_bytes: u64,
 ) -> anyhow::Result<Running> {
-    let port = free_port()?;
+    let port = free_tcp_port()?;
     let threads = args.threads.to_string();
     let mut cmd;
     match name {
@@ -320,14 +315,6 @@ fn start_system(
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(running)
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain(["/usr/bin".into(), "/usr/sbin".into()])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 struct CurvePoint {
