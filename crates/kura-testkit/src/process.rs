@@ -10,6 +10,29 @@ use std::time::{Duration, Instant};
 const WAIT_POLL_INTERVAL_MS: u64 = 20;
 const CONNECT_TIMEOUT_MS: u64 = 200;
 
+/// Builds the workspace `packages` (their binaries and libraries) into the target directory
+/// and profile of the running test executable, and returns that profile directory
+/// (`target/<profile>`) where they are. `cargo test -p X` builds no other package's binaries,
+/// so tests that start `kura`, `kura-server` or load `libkura_fs.so` call this first; cargo
+/// does nothing when they are up to date.
+pub fn build_workspace_packages(packages: &[&str]) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf();
+    let target_dir = profile_dir.parent().expect("target dir");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args(["build", "--quiet"]).env("CARGO_TARGET_DIR", target_dir).current_dir(crate::workspace_root());
+    for package in packages {
+        build.args(["-p", package]);
+    }
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("run cargo build");
+    assert!(status.success(), "cargo build of {packages:?} failed");
+    profile_dir
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it for a listener that
 /// is closed again). Another process may take it before the caller binds it: tests start the
 /// server and then wait with [`wait_for_tcp`], which fails rather than hangs if that happened.

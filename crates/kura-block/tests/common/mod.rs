@@ -9,32 +9,15 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use kura_testkit::{ChildGuard, free_tcp_port, require_cmd, wait_for_tcp};
+use kura_testkit::{ChildGuard, build_workspace_packages, free_tcp_port, require_cmd, wait_for_tcp};
 
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The `kura` binary of this build (`target/<profile>/kura`), built with the same profile and
-/// target directory if it is not there (`cargo test -p kura-block` alone does not build it).
+/// The `kura` binary of this build (`target/<profile>/kura`), built or brought up to date with
+/// the same profile and target directory (`cargo test -p kura-block` alone does not build it).
 pub fn kura_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-        let bin = profile_dir.join("kura");
-        if std::env::var_os("KURA_TEST_REBUILD").is_none() && bin.is_file() {
-            return bin;
-        }
-        let target_dir = profile_dir.parent().expect("target dir");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.args(["build", "-p", "kura", "--bin", "kura"]).env("CARGO_TARGET_DIR", target_dir);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success() && bin.is_file(), "could not build {}", bin.display());
-        bin
-    })
+    BIN.get_or_init(|| build_workspace_packages(&["kura"]).join("kura"))
 }
 
 fn quiet(cmd: &mut Command) -> &mut Command {

@@ -12,33 +12,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kura_testkit::{ChildGuard, free_tcp_port, require_cmd, wait_for_tcp};
+use kura_testkit::{ChildGuard, build_workspace_packages, free_tcp_port, require_cmd, wait_for_tcp};
 
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The `kura-server` binary next to this test's executable (`target/<profile>/`), built
-/// with the same profile and target directory if it is not there (`cargo test -p kura-pool`
+/// The `kura-server` binary next to this test's executable (`target/<profile>/`), built or
+/// brought up to date with the same profile and target directory (`cargo test -p kura-pool`
 /// alone does not build other packages' binaries).
 pub fn kura_server_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-        let bin = profile_dir.join("kura-server");
-        if bin.is_file() {
-            return bin;
-        }
-        let target_dir = profile_dir.parent().expect("target dir");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.args(["build", "-p", "kura-server", "--bin", "kura-server"]).env("CARGO_TARGET_DIR", target_dir);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success() && bin.is_file(), "could not build {}", bin.display());
-        bin
-    })
+    BIN.get_or_init(|| build_workspace_packages(&["kura-server"]).join("kura-server"))
 }
 
 fn quiet(cmd: &mut Command) -> &mut Command {

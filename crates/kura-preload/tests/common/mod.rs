@@ -12,17 +12,7 @@ use std::sync::OnceLock;
 pub fn bin_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test binary path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf();
-        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "kura", "-p", "kura-preload"]).env("CARGO_TARGET_DIR", &target_dir).current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "cargo build -p kura -p kura-preload failed");
+        let profile_dir = kura_testkit::build_workspace_packages(&["kura", "kura-preload"]);
         assert!(profile_dir.join("libkura_fs.so").is_file(), "no libkura_fs.so in {}", profile_dir.display());
         profile_dir
     })
