@@ -39,6 +39,12 @@ const WRITE_STRIPES: usize = 1024;
 /// Free block slots a normal seal leaves in store mode: one for sealing deletions so they can
 /// take effect, one for garbage collection's output.
 const GC_RESERVE_SLOTS: usize = 2;
+/// Store mode, with background threads: the collector thread starts when free block slots drop
+/// to the reserve plus this many (fewer on small stores, see `gc_background_free_slots`), so
+/// writers seldom wait for a collection themselves.
+const GC_BACKGROUND_FREE_SLOTS: usize = 4;
+/// The collector thread looks at the free slots at least this often even when not woken.
+const GC_BACKGROUND_POLL_MS: u64 = 100;
 /// Most blocks compacted together by one garbage-collection pass.
 const GC_VICTIMS_MAX: usize = 8;
 /// A block is not worth collecting when more than this share of it is live.
@@ -138,14 +144,21 @@ pub struct Engine {
     _owner: Arc<Owner>,
 }
 
-/// Background sealer threads, joined (and the store synced) when the last handle drops.
+/// Background sealer threads and the collector, joined (and the store synced) when the last
+/// handle drops.
 struct Owner {
     inner: Arc<Inner>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    collector: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        if let Some(collector) = self.collector.take() {
+            self.inner.gc_signal.0.lock().expect("gc signal poisoned").stop = true;
+            self.inner.gc_signal.1.notify_all();
+            let _ = collector.join();
+        }
         if let Some(tx) = self.inner.seal_tx.lock().take() {
             for _ in &self.threads {
                 let _ = tx.send(SealMsg::Stop);
@@ -192,6 +205,8 @@ struct Inner {
     /// Seals since the last confirmation round (a sync making recent blocks durable).
     seals_since_confirm: AtomicU64,
     gc_lock: Mutex<()>,
+    /// Wakes the background collector (store mode with background threads).
+    gc_signal: (StdMutex<GcSignal>, StdCondvar),
     stripes: Box<[Mutex<()>]>,
     seals: Seals,
     counters: Counters,
@@ -202,6 +217,12 @@ struct Inner {
     spare_arenas: Mutex<Vec<Vec<u8>>>,
     /// Where frozen buffers go to be sealed in the background (none: seal inline).
     seal_tx: Mutex<Option<std::sync::mpsc::Sender<SealMsg>>>,
+}
+
+#[derive(Default)]
+struct GcSignal {
+    wake: bool,
+    stop: bool,
 }
 
 struct Partition {
@@ -364,7 +385,10 @@ impl Engine {
         // Recovery seals (if replay fills a buffer) run inline: the sealers start afterwards.
         let blocks = inner.load_blocks()?;
         let replayed = inner.replay_journal()?;
-        let owner = Arc::new(Owner { threads: spawn_sealers(&inner, config.seal_threads)?, inner: Arc::clone(&inner) });
+        let threads = spawn_sealers(&inner, config.seal_threads)?;
+        // Like the sealers, the collector is a background thread: none when sealing is inline.
+        let collector = if config.seal_threads > 0 && inner.sb.mode == Mode::Store { Some(spawn_collector(&inner)?) } else { None };
+        let owner = Arc::new(Owner { threads, collector, inner: Arc::clone(&inner) });
         tracing::info!(blocks, replayed, elapsed_ms = started.elapsed().as_millis() as u64, "opened kura store");
         Ok(Self { inner, _owner: owner })
     }
@@ -473,6 +497,50 @@ fn spawn_sealers(inner: &Arc<Inner>, count: usize) -> Result<Vec<std::thread::Jo
     }
     *inner.seal_tx.lock() = Some(tx);
     Ok(threads)
+}
+
+/// Starts the store-mode collector: it keeps `gc_background_free_slots` slots free ahead of the
+/// writers, so that a seal seldom has to collect garbage first.
+fn spawn_collector(inner: &Arc<Inner>) -> Result<std::thread::JoinHandle<()>> {
+    let inner = Arc::clone(inner);
+    std::thread::Builder::new()
+        .name("kura-gc".into())
+        .spawn(move || {
+            loop {
+                {
+                    let (lock, wake) = &inner.gc_signal;
+                    let mut signal = lock.lock().expect("gc signal poisoned");
+                    if !signal.wake && !signal.stop {
+                        signal = wake.wait_timeout(signal, std::time::Duration::from_millis(GC_BACKGROUND_POLL_MS)).expect("gc signal poisoned").0;
+                    }
+                    if signal.stop {
+                        return;
+                    }
+                    signal.wake = false;
+                }
+                if inner.failed.load(Ordering::Acquire) {
+                    continue;
+                }
+                let target = inner.gc_background_free_slots();
+                while inner.slots.lock().free.len() <= target && !inner.gc_signal.0.lock().expect("gc signal poisoned").stop {
+                    let runs_before = inner.counters.gc_runs.load(Ordering::Relaxed);
+                    let result = inner.collect_garbage(target);
+                    let runs = inner.counters.gc_runs.load(Ordering::Relaxed) - runs_before;
+                    inner.counters.gc_background_runs.fetch_add(runs, Ordering::Relaxed);
+                    match result {
+                        Ok(true) => {}
+                        // Nothing worth collecting now: wait for more writes.
+                        Ok(false) => break,
+                        Err(error) => {
+                            // A writer that needs the space runs the collection itself and gets the error.
+                            tracing::warn!(%error, "background garbage collection failed");
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .map_err(|source| Error::Io { op: "spawn collector thread", offset_bytes: 0, source })
 }
 
 /// Computes the geometry of a new store on a device of `device_bytes`.
@@ -614,6 +682,7 @@ impl Inner {
             sync_lock: Mutex::new(()),
             unconfirmed: Mutex::new(Vec::new()),
             gc_lock: Mutex::new(()),
+            gc_signal: (StdMutex::new(GcSignal::default()), StdCondvar::new()),
             stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             seals: Seals { state: StdMutex::new((0, BTreeSet::new())), done: StdCondvar::new() },
             counters: Counters::default(),
@@ -1124,20 +1193,25 @@ impl Inner {
                     (Mode::Store, SlotPurpose::SealDeletions) => GC_RESERVE_SLOTS - 1,
                 };
                 if slots.free.len() > keep {
-                    return Ok(slots.free.pop().expect("non-empty"));
+                    let slot = slots.free.pop().expect("non-empty");
+                    if self.sb.mode == Mode::Store && slots.free.len() <= self.gc_background_free_slots() {
+                        drop(slots);
+                        self.wake_collector();
+                    }
+                    return Ok(slot);
                 }
             }
             match (self.sb.mode, purpose) {
                 (Mode::Cache, _) => self.evict_oldest()?,
                 (Mode::Store, SlotPurpose::SealDeletions) => return Err(self.store_full()),
                 (Mode::Store, SlotPurpose::Seal) => {
-                    if self.collect_garbage()? {
+                    if self.collect_garbage(GC_RESERVE_SLOTS)? {
                         continue;
                     }
                     // Blocks being sealed may hold the tombstones or newer versions that make
                     // records dead: let them land, then try once more.
                     self.seals.wait_for_started_before_now();
-                    if self.collect_garbage()? {
+                    if self.collect_garbage(GC_RESERVE_SLOTS)? {
                         continue;
                     }
                     // Deletions still in write buffers free nothing until sealed: seal them
@@ -1178,12 +1252,25 @@ impl Inner {
 
     // ---- garbage collection (store mode) ----
 
-    /// Moves the live records of the emptiest blocks of one partition into fewer new blocks.
+    /// Free slots below which (inclusive) the background collector works: the reserve plus
+    /// `GC_BACKGROUND_FREE_SLOTS`, but at most an eighth of the store beyond the reserve.
+    fn gc_background_free_slots(&self) -> usize {
+        GC_RESERVE_SLOTS + GC_BACKGROUND_FREE_SLOTS.min(self.sb.block_count as usize / 8)
+    }
+
+    fn wake_collector(&self) {
+        let (lock, wake) = &self.gc_signal;
+        lock.lock().expect("gc signal poisoned").wake = true;
+        wake.notify_one();
+    }
+
+    /// Moves the live records of the emptiest blocks of one partition into fewer new blocks,
+    /// unless more than `free_slots_target` slots are free (someone else collected meanwhile).
     /// Candidates are chosen by estimate, then examined exactly; returns whether a block slot
-    /// was freed.
-    fn collect_garbage(&self) -> Result<bool> {
+    /// was freed (or enough were free).
+    fn collect_garbage(&self, free_slots_target: usize) -> Result<bool> {
         let _gc = self.gc_lock.lock();
-        if self.slots.lock().free.len() > GC_RESERVE_SLOTS {
+        if self.slots.lock().free.len() > free_slots_target {
             return Ok(true);
         }
         let mut examined = 0;
@@ -1653,6 +1740,7 @@ impl Inner {
             evicted_blocks: load(&c.evicted_blocks),
             evicted_records_estimate: load(&c.evicted_records),
             gc_runs: load(&c.gc_runs),
+            gc_background_runs: load(&c.gc_background_runs),
             gc_records_moved: load(&c.gc_records_moved),
             gc_blocks_freed: load(&c.gc_blocks_freed),
             ram,

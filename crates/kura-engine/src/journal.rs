@@ -5,6 +5,10 @@
 //! earlier sync wrote partially, it alternates with the same slot of the alternate half, so a
 //! torn rewrite leaves the previous, complete version intact. Recovery keeps, for every logical
 //! page, the valid copy with the highest write sequence number.
+//!
+//! A page's first write may go to either half (nothing earlier of it needs protecting), so a
+//! new page starts in the half its predecessor is written to: a sync that finishes a page and
+//! starts the next writes both (and every page between) as one contiguous write.
 
 use crate::aligned::AlignedBuf;
 use crate::device::Device;
@@ -27,8 +31,9 @@ pub struct JournalWriter {
     page: AlignedBuf,
     used: usize,
     first_entry: u32,
-    /// Times `head` has been written (its next write goes to the other half when odd).
-    head_writes: u64,
+    /// Half the head page's next write goes to (true: alternate): the half its predecessor
+    /// was written to at first, then flipped after every write of it.
+    head_alternate: bool,
     write_seq: u64,
     /// Pages filled since the last flush: logical page, write parity, first entry offset.
     full_pages: Vec<(u64, bool, u32, AlignedBuf)>,
@@ -46,7 +51,7 @@ impl JournalWriter {
             page: AlignedBuf::zeroed(page_size),
             used: 0,
             first_entry: JOURNAL_NO_ENTRY_START,
-            head_writes: 0,
+            head_alternate: false,
             write_seq,
             full_pages: Vec::new(),
         }
@@ -102,38 +107,44 @@ impl JournalWriter {
 
     fn finish_page(&mut self) {
         let page = std::mem::replace(&mut self.page, AlignedBuf::zeroed(self.page_size));
-        let alternate = self.head_writes % 2 == 1;
-        self.full_pages.push((self.head, alternate, self.first_entry, page));
+        self.full_pages.push((self.head, self.head_alternate, self.first_entry, page));
+        // The next page continues in the same half, contiguous with this one.
         self.head += 1;
         self.used = 0;
         self.first_entry = JOURNAL_NO_ENTRY_START;
-        self.head_writes = 0;
     }
 
-    /// Writes every page filled since the last flush and the partial head page. The caller
-    /// syncs the device and guarantees the ring has room (see [`JournalWriter::head_after`]).
+    /// Writes every page filled since the last flush and the partial head page, as one write
+    /// when they are contiguous (they are, unless the ring wraps). The caller syncs the device
+    /// and guarantees the ring has room (see [`JournalWriter::head_after`]).
     pub fn flush(&mut self, device: &dyn Device) -> Result<()> {
-
         let full = std::mem::take(&mut self.full_pages);
         let mut run: Vec<(u64, AlignedBuf)> = Vec::new();
         for (logical, alternate, first_entry_offset, mut page) in full {
             let header = JournalPageHeader { logical_page: logical, write_seq: self.next_seq(), used_bytes: self.payload() as u32, first_entry_offset };
             header.seal(self.store_id, &mut page);
-            let offset = self.slot_offset(logical, alternate);
-            if run.last().is_some_and(|(last, p)| *last + p.len() as u64 != offset) {
-                self.write_run(device, &mut run)?;
-            }
-            run.push((offset, page));
+            self.push_to_run(device, &mut run, self.slot_offset(logical, alternate), page)?;
         }
-        self.write_run(device, &mut run)?;
         if self.used > 0 {
-            let alternate = self.head_writes % 2 == 1;
             let header = JournalPageHeader { logical_page: self.head, write_seq: self.next_seq(), used_bytes: self.used as u32, first_entry_offset: self.first_entry };
             header.seal(self.store_id, &mut self.page);
-            let offset = self.slot_offset(self.head, alternate);
-            device.write_at(offset, &self.page).map_err(|source| Error::Io { op: "journal write", offset_bytes: offset, source })?;
-            self.head_writes += 1;
+            let offset = self.slot_offset(self.head, self.head_alternate);
+            let mut copy = AlignedBuf::zeroed(self.page_size);
+            copy.copy_from_slice(&self.page);
+            self.push_to_run(device, &mut run, offset, copy)?;
+            // A rewrite of this page must never overwrite the copy just written.
+            self.head_alternate = !self.head_alternate;
         }
+        self.write_run(device, &mut run)
+    }
+
+    /// Adds a page to the run being collected, writing the run first if the page does not
+    /// continue it.
+    fn push_to_run(&self, device: &dyn Device, run: &mut Vec<(u64, AlignedBuf)>, offset: u64, page: AlignedBuf) -> Result<()> {
+        if run.last().is_some_and(|(last, p)| *last + p.len() as u64 != offset) {
+            self.write_run(device, run)?;
+        }
+        run.push((offset, page));
         Ok(())
     }
 
@@ -149,6 +160,10 @@ impl JournalWriter {
 
     fn write_run(&self, device: &dyn Device, run: &mut Vec<(u64, AlignedBuf)>) -> Result<()> {
         let Some(&(start, _)) = run.first() else { return Ok(()) };
+        if run.len() == 1 {
+            let (_, page) = run.pop().expect("one page");
+            return device.write_at(start, &page).map_err(|source| Error::Io { op: "journal write", offset_bytes: start, source });
+        }
         let mut joined = AlignedBuf::zeroed(run.len() * self.page_size);
         for (i, (_, page)) in run.iter().enumerate() {
             joined[i * self.page_size..(i + 1) * self.page_size].copy_from_slice(page);
@@ -347,6 +362,30 @@ mod tests {
             let rec = recover(dev.crash(seed).as_ref(), &sb, 1 << 20).unwrap();
             let versions: Vec<u64> = rec.entries.iter().map(|e| e.header.record.version).collect();
             assert!(versions == vec![1] || versions == vec![1, 2], "seed {seed}: {versions:?}");
+        }
+    }
+
+    /// A sync that finishes the partial head page and starts the next costs one write, and a
+    /// torn write of it keeps what the previous sync made durable.
+    #[test]
+    fn sync_spanning_pages_is_one_write() {
+        let sb = sb(64);
+        let dev = SimDevice::new(8 << 20, 512);
+        let mut w = JournalWriter::new(&sb, 0, 0);
+        let mut synced = Vec::new();
+        for i in 1..=40u64 {
+            let (h, k, v) = entry(i, 4096);
+            w.append(&h, &k, &v);
+            let before = dev.writes();
+            w.flush(dev.as_ref()).unwrap();
+            assert_eq!(dev.writes() - before, 1, "sync {i} took more than one write");
+            for seed in 0..8 {
+                let rec = recover(dev.crash(seed * 1000 + i).as_ref(), &sb, 1 << 20).unwrap();
+                let versions: Vec<u64> = rec.entries.iter().map(|e| e.header.record.version).collect();
+                assert!(versions == synced || versions == [&synced[..], &[i]].concat(), "sync {i}, seed {seed}: {versions:?}");
+            }
+            dev.sync().unwrap();
+            synced.push(i);
         }
     }
 

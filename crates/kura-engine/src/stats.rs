@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub evicted_blocks: AtomicU64,
     pub evicted_records: AtomicU64,
     pub gc_runs: AtomicU64,
+    pub gc_background_runs: AtomicU64,
     pub gc_records_moved: AtomicU64,
     pub gc_blocks_freed: AtomicU64,
 }
@@ -70,7 +71,10 @@ pub struct Stats {
     pub seals: u64,
     pub evicted_blocks: u64,
     pub evicted_records_estimate: u64,
+    /// Garbage-collection passes (store mode), and how many of them the background collector
+    /// ran (the rest ran on a writer that found no free block).
     pub gc_runs: u64,
+    pub gc_background_runs: u64,
     pub gc_records_moved: u64,
     pub gc_blocks_freed: u64,
     pub ram: RamUsage,

@@ -156,6 +156,33 @@ fn store_mode_reclaims_overwritten_space() {
     }
 }
 
+/// With background threads, the collector frees space ahead of the writers: a writer that
+/// pauses now and then finds free blocks instead of collecting garbage itself.
+#[test]
+fn store_mode_collects_garbage_in_the_background() {
+    let dev = sim(DEVICE_BYTES);
+    let engine = create(&dev, &config(Mode::Store));
+    for round in 0..20u32 {
+        for i in 0..1500u32 {
+            engine.put(&key(i), &value_for(i, round, 1000)).unwrap();
+            if i % 100 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+    }
+    let stats = engine.stats();
+    assert!(stats.gc_background_runs > 0 && stats.gc_blocks_freed > 0, "{stats:?}");
+    assert!(stats.gc_background_runs * 2 > stats.gc_runs, "the writer collected most of the garbage itself: {stats:?}");
+    for i in 0..1500u32 {
+        assert_eq!(engine.get(&key(i)).unwrap().unwrap().into_vec(), value_for(i, 19, 1000), "key {i}");
+    }
+    engine.sync().unwrap();
+    let engine = open(&dev.crash(3), &config(Mode::Store));
+    for i in 0..1500u32 {
+        assert_eq!(engine.get(&key(i)).unwrap().unwrap().into_vec(), value_for(i, 19, 1000), "key {i} after reopen");
+    }
+}
+
 #[test]
 fn store_mode_full_device_is_a_clear_error_and_deletes_make_room() {
     let dev = sim(DEVICE_BYTES);
