@@ -21,22 +21,22 @@ use std::time::{Duration, Instant};
 use kura_testkit::{VmOptions, ensure_vm, free_tcp_port, require_cmd, run_in_vm, skip, vm_required};
 
 /// The checks vm-block.sh runs in the VM, in order (one boot for all).
-const VM_CHECKS: [&str; 4] = ["ublk-raw", "ublk-embedded", "nbd-embedded", "ublk-kura"];
+const VM_CHECKS: [&str; 6] = ["ublk-raw", "ublk-embedded", "nbd-embedded", "ublk-kura", "ublk-memcached", "ublk-redis"];
 /// The checks that also run on a host with /dev/ublk-control.
-const HOST_CHECKS: [&str; 3] = ["ublk-raw", "ublk-embedded", "ublk-kura"];
+const HOST_CHECKS: [&str; 5] = ["ublk-raw", "ublk-embedded", "ublk-kura", "ublk-memcached", "ublk-redis"];
 /// Data each file system check writes: small, because the VM's CPU is emulated (a tree of
 /// about 25 files; each file costs a process, and processes are slow there).
 const FS_CHECK_MB: u32 = 4;
 /// The VM's scratch disk (/dev/vda), where the stores live: three stores of 1 GiB at most, one
 /// check at a time; the image is sparse.
 const VM_DISK_MB: u64 = 2048;
-/// Past this the VM is killed; a run takes about 3-4 minutes on a loaded two-core machine.
+/// Past this the VM is killed; a run takes about 4-5 minutes on a loaded two-core machine.
 /// (vm-block.sh gives up on a step stuck for VM_BLOCK_STEP_TIMEOUT_S, printing what is stuck.)
-const VM_TIMEOUT: Duration = Duration::from_secs(540);
+const VM_TIMEOUT: Duration = Duration::from_secs(720);
 /// How long one fs-check.sh step in the VM may take before vm-block.sh declares it stuck.
 const VM_STEP_TIMEOUT_S: u32 = 150;
 /// Tools the checks run (inside the VM they are the host's, over the shared root).
-const TOOLS: [&str; 9] = ["mkfs.ext4", "mkfs.xfs", "e2fsck", "xfs_repair", "blkdiscard", "blockdev", "nbd-client", "sha256sum", "mount"];
+const TOOLS: [&str; 12] = ["mkfs.ext4", "mkfs.xfs", "e2fsck", "xfs_repair", "blkdiscard", "blockdev", "nbd-client", "sha256sum", "mount", "fio", "memcached", "redis-server"];
 
 fn vm_block_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/vm-block.sh")
@@ -153,6 +153,20 @@ fn vm_kernel_nbd_ext4_and_xfs_survive_a_restart() {
 #[test]
 fn vm_ublk_on_a_kura_server_xfs_survives_restarts() {
     vm_check("ublk-kura");
+}
+
+/// `kura block ublk` on a stock memcached → fio verify; ext4 → kura restarted → fsck clean,
+/// checksums match.
+#[test]
+fn vm_ublk_on_memcached_fio_verify_and_ext4_survive_a_restart() {
+    vm_check("ublk-memcached");
+}
+
+/// `kura block ublk` on a stock redis-server → fio verify; ext4 → kura restarted → fsck
+/// clean, checksums match.
+#[test]
+fn vm_ublk_on_redis_fio_verify_and_ext4_survive_a_restart() {
+    vm_check("ublk-redis");
 }
 
 /// Why the ublk checks cannot run on this host, if they cannot.

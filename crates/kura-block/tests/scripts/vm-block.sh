@@ -16,13 +16,17 @@
 #   nbd-embedded    kura block nbd + nbd-client (/dev/nbdN) on the embedded engine: ext4, xfs.
 #   ublk-kura       kura block ublk on a `kura serve` store: the file systems in
 #                   VM_BLOCK_SERVER_FS (default "xfs"); the server restarts too.
+#   ublk-memcached  kura block ublk on a stock memcached, and
+#   ublk-redis      on a stock redis-server: fio verify on the raw device, then ext4 written,
+#                   kura restarted (the server keeps running: neither persists by itself),
+#                   fsck clean and checksums match.
 #
 # Environment: KURA_BIN (the kura binary; required), FS_CHECK_MB (data per file system,
 # default 4), VM_BLOCK_FS (file systems, default "ext4 xfs"), VM_BLOCK_VOLUME_SIZE (default
 # 320M: xfs needs 300 MB), and where the stores go (the engine uses O_DIRECT, which tmpfs
 # refuses): VM_BLOCK_DISK (a scratch block device, formatted ext4 and mounted) or
 # VM_BLOCK_SCRATCH (a directory on a disk file system). VM_BLOCK_SERVER_PORT: kura serve's
-# port (default 11411). VM_BLOCK_STEP_TIMEOUT_S (default 200): an fs-check.sh step running
+# port (default 11411); memcached and redis-server use the next two. VM_BLOCK_STEP_TIMEOUT_S (default 200): an fs-check.sh step running
 # longer counts as stuck: what is stuck is printed (tasks in D state, kernel and gdb stacks of
 # kura's threads, the kernel log) and the check fails.
 set -uo pipefail
@@ -163,6 +167,31 @@ server_start() {
   say "kura serve listening on 127.0.0.1:$server_port"
 }
 
+# external_start NAME — a stock memcached or redis-server on the port after kura serve's;
+# sets $external_pid and $external_url.
+external_start() {
+  local port=$((${VM_BLOCK_SERVER_PORT:-11411} + 1)) i
+  case $1 in
+    memcached)
+      command -v memcached >/dev/null || fail "memcached is not installed"
+      start_bg memcached memcached -u root -U 0 -l 127.0.0.1 -p "$port" -m 512 -t 2
+      external_url="memcached://127.0.0.1:$port" ;;
+    redis)
+      port=$((port + 1))
+      command -v redis-server >/dev/null || fail "redis-server is not installed"
+      start_bg redis redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no --dir "$scratch"
+      external_url="redis://127.0.0.1:$port" ;;
+  esac
+  external_pid=$bg_pid
+  for ((i = 0; i < start_timeout_s * 10; i++)); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    kill -0 "$external_pid" 2>/dev/null || { show_log "$1"; fail "$1 exited before listening"; }
+    sleep 0.1
+  done
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || fail "$1 is not listening on $port"
+  say "$1 listening on 127.0.0.1:$port"
+}
+
 # volume_create NAME SIZE POOL
 volume_create() {
   RUST_LOG=warn "$kura" volume create "$1" --size "$2" --pool "$3" >/dev/null 2>"$scratch/volume.log" ||
@@ -226,7 +255,7 @@ cleanup() {
   local m
   for m in "$scratch"/mnt-*; do mountpoint -q "$m" 2>/dev/null && umount -l "$m"; done
   for m in /dev/nbd0 /dev/nbd1; do [ -b $m ] && nbd-client -c $m >/dev/null 2>&1 && nbd-client -d $m >/dev/null 2>&1; done
-  for m in ${ublk_pid:-} ${nbd_pid:-} ${server_pid:-}; do
+  for m in ${ublk_pid:-} ${nbd_pid:-} ${server_pid:-} ${external_pid:-}; do
     kill -TERM "$m" 2>/dev/null && { sleep 2; kill -KILL "$m" 2>/dev/null; }
   done
   wait 2>/dev/null
@@ -357,6 +386,33 @@ check_ublk_kura() {
   server_pid=
 }
 
+# check_ublk_external memcached|redis — kura block ublk on a stock server.
+check_ublk_external() {
+  local pool
+  external_start "$1"
+  pool=$external_url
+  volume_create "ext-raw" 64M "$pool"
+  ublk_start "ext-raw" "$pool"
+  fio --name=ublk-verify --filename="$ublk_dev" --ioengine=io_uring --direct=1 --rw=randwrite \
+    --bsrange=512-128k --size=16M --iodepth=16 --fsync=16 --verify=crc32c \
+    --verify_fatal=1 --do_verify=1 --randrepeat=1 --output-format=terse >"$scratch/fio.out" 2>&1 ||
+    { cat "$scratch/fio.out"; fail "fio verify on $1"; }
+  say "fio: 512 B - 128 KiB random writes with fsyncs verified on $1"
+  ublk_stop
+  volume_create "ext-ext4" "$volume_size" "$pool"
+  ublk_start "ext-ext4" "$pool"
+  fs_check write "$ublk_dev" ext4 "$scratch"
+  ublk_stop
+  ublk_start "ext-ext4" "$pool"
+  fs_check verify "$ublk_dev" ext4 "$scratch"
+  ublk_stop
+  stop_pid "$1" "$external_pid"
+  external_pid=
+}
+
+check_ublk_memcached() { check_ublk_external memcached; }
+check_ublk_redis() { check_ublk_external redis; }
+
 check_nbd_embedded() {
   local pool="embedded:$stores/nbd.kura?size=$store_size" fs i=0 port
   modprobe nbd nbds_max=4 2>/dev/null || true
@@ -388,7 +444,7 @@ check_nbd_embedded() {
 
 # ---- main ----------------------------------------------------------------------------------
 
-[ $# -gt 0 ] || { echo "usage: vm-block.sh ublk-raw|ublk-embedded|nbd-embedded|ublk-kura..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: vm-block.sh ublk-raw|ublk-embedded|nbd-embedded|ublk-kura|ublk-memcached|ublk-redis..." >&2; exit 2; }
 [ "$(id -u)" = 0 ] || fail "needs root (block devices, mounts)"
 setup_scratch
 case " $* " in *" ublk-"*) modprobe ublk_drv 2>/dev/null; [ -e /dev/ublk-control ] || fail "no /dev/ublk-control" ;; esac
@@ -397,7 +453,7 @@ say "kernel $(uname -r); kura $kura; FS_CHECK_MB=$FS_CHECK_MB; stores in $stores
 failed=0
 for check in "$@"; do
   case $check in
-    ublk-raw | ublk-embedded | nbd-embedded | ublk-kura) ;;
+    ublk-raw | ublk-embedded | nbd-embedded | ublk-kura | ublk-memcached | ublk-redis) ;;
     *) echo "vm-block: unknown check $check" >&2; exit 2 ;;
   esac
   say "=== $check"
