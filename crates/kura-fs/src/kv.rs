@@ -3,11 +3,32 @@
 //!
 //! [`PoolKv`] implements it over `kura_pool`: data goes through the calling thread's own pool
 //! [`Context`] (the paper's per-thread channel; requests of one call leave together). The
-//! pool has no compare-and-swap yet, so CAS goes to the engine directly for an embedded pool
-//! and, for memcached-protocol nodes (`kura serve`, memcached), over a small meta-protocol
-//! connection of this thread to the node the pool places the key on (`mg k v c`,
-//! `ms k n C<cas>`, `ms k n ME`, `md k C<cas>`). When the pool gains versioned get and CAS
-//! set/delete, [`PoolKv`]'s CAS half becomes three calls on the context.
+//! pool has no compare-and-swap yet, so [`PoolKv`] speaks it itself, per node the pool places
+//! the key on, over a small blocking side connection of this thread to that node (timeouts,
+//! bounded replies, made again in the child after a `fork`):
+//!
+//! * embedded pool: the engine directly (its versions and conditional writes);
+//! * memcached-protocol nodes (`kura serve`, memcached): the meta protocol's CAS (`mg k v c`,
+//!   `ms k n C<cas>`, `ms k n ME`, `md k C<cas>`);
+//! * redis-server / Valkey nodes (`redis://`): RESP, see [`redis`]. A metadata value is stored
+//!   as an 8-byte little-endian version followed by the record; the version is a random
+//!   nonzero u64 chosen for each write (a deleted and re-created key never gets an old
+//!   version back: no ABA). A conditional write or delete is one server-side Lua script
+//!   (`EVALSHA`, `EVAL` on `NOSCRIPT`) that compares the stored prefix with the expected one;
+//!   `Absent` is `SET … NX`, `Always` a plain `SET`/`DEL`, a read a plain `GET`.
+//! * Redis Cluster (`redis+cluster://`) is refused: a side connection would have to follow
+//!   the cluster's slot routing (`MOVED`/`ASK`, fail-over), which only the pool's own
+//!   connections do.
+//!
+//! Metadata keys (superblock, inode counter, inodes, directory buckets) are read only through
+//! [`Kv::get_versioned`] and [`Kv::get_meta_many`] (which strips the Redis version prefix);
+//! the plain data calls carry chunks, whose values are stored as they are on every backend.
+//! The one plain call on metadata keys is `delete_many` of a removed directory's buckets,
+//! which is a plain delete on every backend. [`Kv::flush`] is the pool's barrier and covers the
+//! side connections' writes too: on Redis it is `PING` per node, or, with `replicas=N`, a
+//! scratch write and `WAIT`, which waits for every write the master acknowledged before it
+//! (the scripts' writes are replicated like any other). When the pool gains versioned get
+//! and CAS set/delete, [`PoolKv`]'s CAS half becomes three calls on the context.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,9 +38,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kura_engine::{Condition, Engine, RecordKind, WriteOutcome};
-use kura_pool::{Backend, Context, Outcome, Pool};
+use kura_pool::{Backend, Context, NodeSpec, Outcome, Pool};
 
 use crate::error::{FsError, Result, is_out_of_space};
+
+pub mod redis;
+
+use redis::RespConn;
 
 /// When a conditional write proceeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +62,14 @@ pub trait Kv: Send + Sync {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>>;
     /// Writes when `cond` holds: `Some(new version)`, or `None` when it did not hold.
     fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>>;
-    /// Deletes when `cond` holds (`Always`: whether or not it existed); `false` when it did not.
+    /// Deletes when `cond` holds (`Always`: whether or not it existed; `Absent`: nothing to
+    /// delete); `false` when it did not.
     fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool>;
+    /// Gets many metadata values at once, as [`Kv::get_versioned`] would return them (without
+    /// the versions); one result per key, in order.
+    fn get_meta_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|key| Ok(self.get_versioned(key)?.map(|(value, _)| value))).collect()
+    }
     /// Gets many data values at once (one result per key, in order).
     fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>>;
     /// Gets one data value into `out` (cleared first); `false` when absent.
@@ -62,8 +93,9 @@ thread_local! {
     /// This thread's pool context (per pool), and the process it was made in: after `fork` a
     /// child must not use its parent's connections.
     static CONTEXTS: RefCell<Vec<(u64, u32, Context)>> = const { RefCell::new(Vec::new()) };
-    /// This thread's metadata connections, per node address.
-    static META_CONNS: RefCell<HashMap<String, (u32, MetaConn)>> = RefCell::new(HashMap::new());
+    /// This thread's metadata connections, per node (backend and address), and the process
+    /// each was made in.
+    static META_CONNS: RefCell<HashMap<String, (u32, SideConn)>> = RefCell::new(HashMap::new());
 }
 
 /// [`Kv`] over a `kura_pool` pool (see the module documentation).
@@ -71,23 +103,35 @@ pub struct PoolKv {
     pool: Pool,
     id: u64,
     engine: Option<Engine>,
+    /// Some node is a redis-server: its metadata values carry a version prefix.
+    redis: bool,
 }
 
 impl PoolKv {
+    /// Refuses pools with nodes it cannot do compare-and-swap on (Redis Cluster).
     pub fn new(pool: Pool) -> Result<Self> {
         let engine = pool.engine().cloned();
         if engine.is_none() {
             for node in &pool.config().nodes {
-                if !matches!(node.backend, Backend::Kura | Backend::Memcached) {
-                    return Err(FsError::Io(format!(
-                        "the file system needs compare-and-swap, which kura_pool does not offer yet; \
-                         it speaks it itself only to kura and memcached nodes, not {:?}",
-                        node.backend
-                    )));
+                match node.backend {
+                    Backend::Kura | Backend::Memcached | Backend::Redis => {}
+                    Backend::RedisCluster => {
+                        return Err(FsError::Io(format!(
+                            "the file system cannot use the Redis Cluster {}: it needs compare-and-swap, which \
+                             kura_pool does not offer yet, and speaks it itself (a Lua script on a connection \
+                             of its own) only to single redis-server nodes (redis://), not through a cluster's \
+                             slot routing (MOVED/ASK, fail-over); use kura://, memcached:// or redis:// nodes",
+                            node.name()
+                        )));
+                    }
+                    Backend::Embedded => {
+                        return Err(FsError::Io(format!("the embedded node {} is not open in this pool", node.name())));
+                    }
                 }
             }
         }
-        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine })
+        let redis = engine.is_none() && pool.config().nodes.iter().any(|n| n.backend == Backend::Redis);
+        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis })
     }
 
     pub fn pool(&self) -> &Pool {
@@ -117,29 +161,33 @@ impl PoolKv {
         }
     }
 
-    fn with_meta<T>(&self, key: &[u8], f: impl FnOnce(&mut MetaConn) -> Result<T>) -> Result<T> {
-        let addr = self.pool.node_of(key).addrs[0].clone();
+    /// Runs `f` with this thread's metadata connection to the node `key` is placed on (made on
+    /// first use, again after a fork, and again after an I/O error).
+    fn with_meta<T>(&self, key: &[u8], f: impl FnOnce(&mut SideConn) -> Result<T>) -> Result<T> {
+        let node = self.pool.node_of(key);
+        let id = format!("{:?}/{}", node.backend, node.addrs[0]);
+        let value_max = self.pool.config().value_size_max_bytes;
         let pid = crate::process_id();
         let mut f = Some(f);
         let cached = META_CONNS.try_with(|cell| {
             let mut conns = cell.borrow_mut();
-            if conns.get(&addr).is_some_and(|(p, _)| *p != pid) {
+            if conns.get(&id).is_some_and(|(p, _)| *p != pid) {
                 // Inherited across fork: the parent owns that socket's stream; closing our
                 // copy of the descriptor does not disturb it.
-                conns.remove(&addr);
+                conns.remove(&id);
             }
-            if !conns.contains_key(&addr) {
-                conns.insert(addr.clone(), (pid, MetaConn::connect(&addr)?));
+            if !conns.contains_key(&id) {
+                conns.insert(id.clone(), (pid, SideConn::connect(node, value_max)?));
             }
-            let result = (f.take().expect("called once"))(&mut conns.get_mut(&addr).expect("inserted").1);
+            let result = (f.take().expect("called once"))(&mut conns.get_mut(&id).expect("inserted").1);
             if matches!(result, Err(FsError::Io(_))) {
-                conns.remove(&addr);
+                conns.remove(&id);
             }
             result
         });
         match cached {
             Ok(result) => result,
-            Err(_) => (f.take().expect("not called"))(&mut MetaConn::connect(&addr)?),
+            Err(_) => (f.take().expect("not called"))(&mut SideConn::connect(node, value_max)?),
         }
     }
 }
@@ -184,6 +232,20 @@ impl Kv for PoolKv {
             }
             None => self.with_meta(key, |c| c.delete(key, cond)),
         }
+    }
+
+    fn get_meta_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut values = self.get_many(keys)?;
+        if self.redis {
+            for (key, value) in keys.iter().zip(values.iter_mut()) {
+                if let Some(stored) = value
+                    && self.pool.node_of(key).backend == Backend::Redis
+                {
+                    redis::strip_version(key, stored)?;
+                }
+            }
+        }
+        Ok(values)
     }
 
     fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
@@ -267,6 +329,63 @@ impl Kv for PoolKv {
 /// Deletes one call keeps in flight.
 const DELETE_WINDOW: usize = 256;
 
+/// A metadata connection to one node, in its protocol.
+enum SideConn {
+    Memcache(MetaConn),
+    Redis(RespConn),
+}
+
+impl SideConn {
+    /// `value_max`: the pool's value limit (a Redis metadata value, version included, stays
+    /// within it, so that the pool's own connections can read it too).
+    fn connect(node: &NodeSpec, value_max: usize) -> Result<Self> {
+        let addr = &node.addrs[0];
+        Ok(match node.backend {
+            Backend::Redis => SideConn::Redis(RespConn::connect(addr, value_max)?),
+            _ => SideConn::Memcache(MetaConn::connect(addr)?),
+        })
+    }
+
+    fn get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
+        match self {
+            SideConn::Memcache(c) => c.get(key),
+            SideConn::Redis(c) => c.get(key),
+        }
+    }
+
+    fn set(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
+        match self {
+            SideConn::Memcache(c) => c.set(key, value, cond),
+            SideConn::Redis(c) => c.set(key, value, cond),
+        }
+    }
+
+    fn delete(&mut self, key: &[u8], cond: Cond) -> Result<bool> {
+        match self {
+            SideConn::Memcache(c) => c.delete(key, cond),
+            SideConn::Redis(c) => c.delete(key, cond),
+        }
+    }
+}
+
+/// A blocking TCP connection to `addr` with the metadata timeouts.
+fn connect_stream(addr: &str) -> Result<TcpStream> {
+    let io = |e: std::io::Error| FsError::Io(format!("{addr}: {e}"));
+    let mut last = None;
+    for sa in addr.to_socket_addrs().map_err(io)? {
+        match TcpStream::connect_timeout(&sa, Duration::from_millis(META_CONNECT_TIMEOUT_MS)) {
+            Ok(stream) => {
+                stream.set_nodelay(true).map_err(io)?;
+                stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+                stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+                return Ok(stream);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(io(last.unwrap_or_else(|| std::io::Error::other("no address"))))
+}
+
 /// One blocking memcached meta-protocol connection, for compare-and-swap.
 struct MetaConn {
     reader: BufReader<TcpStream>,
@@ -277,21 +396,9 @@ struct MetaConn {
 
 impl MetaConn {
     fn connect(addr: &str) -> Result<Self> {
-        let io = |e: std::io::Error| FsError::Io(format!("{addr}: {e}"));
-        let mut last = None;
-        for sa in addr.to_socket_addrs().map_err(io)? {
-            match TcpStream::connect_timeout(&sa, Duration::from_millis(META_CONNECT_TIMEOUT_MS)) {
-                Ok(stream) => {
-                    stream.set_nodelay(true).map_err(io)?;
-                    stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
-                    stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
-                    let writer = stream.try_clone().map_err(io)?;
-                    return Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned() });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(io(last.unwrap_or_else(|| std::io::Error::other("no address"))))
+        let stream = connect_stream(addr)?;
+        let writer = stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
+        Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned() })
     }
 
     fn io(&self, e: std::io::Error) -> FsError {
@@ -364,7 +471,9 @@ impl MetaConn {
     fn delete(&mut self, key: &[u8], cond: Cond) -> Result<bool> {
         let flags = match cond {
             Cond::Version(v) => format!(" C{v}"),
-            _ => String::new(),
+            // Holds when there is nothing to delete.
+            Cond::Absent => return Ok(self.get(key)?.is_none()),
+            Cond::Always => String::new(),
         };
         self.send(&[b"md ", key, flags.as_bytes(), b"\r\n"].concat(), None)?;
         let line = self.read_line()?.to_owned();

@@ -3,7 +3,8 @@
 //!
 //! * [`layout`]: every key and record — inodes, directory buckets, data chunks.
 //! * [`kv`]: the small store interface the file system needs (versioned get, CAS put/delete,
-//!   batched data get/set/delete, flush) and [`PoolKv`], its implementation over `kura_pool`.
+//!   batched data get/set/delete, flush) and [`PoolKv`], its implementation over `kura_pool`
+//!   (embedded engine, kura servers, memcached, redis-server; not Redis Cluster).
 //! * [`ns`]: namespace operations, each change a compare-and-swap.
 //! * [`cache`]: the user-level page cache — a memory limit, a dirty threshold (20 % by
 //!   default) written back by a background worker, writers waiting when memory is full,

@@ -224,7 +224,7 @@ impl Fs {
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(dir, b)).collect();
         let mut out = Vec::new();
-        for (key, value) in keys.iter().zip(self.kv.get_many(&keys)?) {
+        for (key, value) in keys.iter().zip(self.kv.get_meta_many(&keys)?) {
             if let Some(bytes) = value {
                 out.extend(Bucket::decode(key, &bytes)?.entries);
             }
