@@ -93,7 +93,7 @@ pub fn complain(msg: &str) {
     unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
 }
 
-fn fs_errno(e: FsError) -> i32 {
+pub(crate) fn fs_errno(e: FsError) -> i32 {
     if matches!(e, FsError::Io(_) | FsError::Corrupt { .. }) && std::env::var_os("KURA_FS_DEBUG").is_some() {
         complain(&format!("libkura_fs: {e}"));
     }
@@ -101,7 +101,7 @@ fn fs_errno(e: FsError) -> i32 {
 }
 
 /// -1 with errno, or the value.
-fn ret(r: Result<c_long, i32>) -> c_long {
+pub(crate) fn ret(r: Result<c_long, i32>) -> c_long {
     match r {
         Ok(v) => v,
         Err(e) => {
@@ -111,12 +111,12 @@ fn ret(r: Result<c_long, i32>) -> c_long {
     }
 }
 
-fn ret_int(r: Result<c_int, i32>) -> c_int {
+pub(crate) fn ret_int(r: Result<c_int, i32>) -> c_int {
     ret(r.map(c_long::from)) as c_int
 }
 
 /// Runs a hook body, catching panics (EIO).
-fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
+pub(crate) fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(v) => v,
         Err(_) => {
@@ -128,7 +128,7 @@ fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
 
 /// The state when hooks are active and this thread is not inside kura code.
 #[inline]
-fn active() -> Option<&'static State> {
+pub(crate) fn active() -> Option<&'static State> {
     let s = state::get()?;
     if state::busy() || !s.active.load(std::sync::atomic::Ordering::Relaxed) {
         return None;
@@ -137,14 +137,14 @@ fn active() -> Option<&'static State> {
 }
 
 /// Runs `f` with the file system (as kura code: nested libc calls go to the kernel).
-fn with_fs<T>(state: &State, f: impl FnOnce(&Arc<Fs>) -> Result<T, i32>) -> Result<T, i32> {
+pub(crate) fn with_fs<T>(state: &State, f: impl FnOnce(&Arc<Fs>) -> Result<T, i32>) -> Result<T, i32> {
     let _busy = Busy::enter();
     let fs = state.fs().map_err(fs_errno)?;
     f(fs)
 }
 
 /// The caller's credentials, for the permission checks the kernel would make.
-fn cred() -> kura_fs::ns::Cred {
+pub(crate) fn cred() -> kura_fs::ns::Cred {
     const GROUPS_MAX: usize = 256;
     let mut groups = vec![0u32; GROUPS_MAX];
     // SAFETY: getgroups writes at most GROUPS_MAX ids into the buffer; the id getters cannot fail.
@@ -155,12 +155,12 @@ fn cred() -> kura_fs::ns::Cred {
     }
 }
 
-fn owner() -> Owner {
+pub(crate) fn owner() -> Owner {
     // SAFETY: geteuid/getegid cannot fail.
     unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } }
 }
 
-fn umask_now() -> u32 {
+pub(crate) fn umask_now() -> u32 {
     // SAFETY: umask takes and returns integers; the old mask is put back at once.
     unsafe {
         let m = libc::syscall(libc::SYS_umask, 0);
@@ -185,7 +185,7 @@ fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::N
 }
 
 /// Resolves a kura target.
-fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<Resolved, i32> {
+pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<Resolved, i32> {
     fs.resolve(start, rel, Follow { last: follow_last }, &state.mount).map_err(fs_errno)
 }
 
@@ -2219,6 +2219,12 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"scandir64", crate::dir::h_scandir as *const () as usize),
     (c"scandirat64", crate::dir::h_scandirat as *const () as usize),
     (c"getdents64", crate::dir::h_getdents64 as *const () as usize),
+    (c"bind", crate::sock::h_bind as *const () as usize),
+    (c"connect", crate::sock::h_connect as *const () as usize),
+    (c"sendto", crate::sock::h_sendto as *const () as usize),
+    (c"sendmsg", crate::sock::h_sendmsg as *const () as usize),
+    (c"getsockname", crate::sock::h_getsockname as *const () as usize),
+    (c"getpeername", crate::sock::h_getpeername as *const () as usize),
     ]
 }
 

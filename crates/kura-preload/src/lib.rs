@@ -23,6 +23,11 @@
 //! description, `poll` works on it, close-on-exec is the kernel's, and after `exec` the new
 //! image's constructor finds its kura descriptors again in `/proc/self/fd` ([`fds`]).
 //!
+//! # Sockets
+//!
+//! A Unix-domain socket bound at a kura path is an `S_IFSOCK` node in the file system and,
+//! for the kernel, a socket bound to an abstract name derived from the node ([`sock`]).
+//!
 //! # Global state
 //!
 //! An `LD_PRELOAD` library inherently has process-wide state: this crate keeps all of it in
@@ -35,6 +40,7 @@ mod fds;
 mod hooks;
 mod patch;
 mod paths;
+mod sock;
 mod state;
 
 pub use state::State;

@@ -9,7 +9,7 @@ use kura_fs::path::strip_mount;
 use crate::state::State;
 
 /// The first address above x86-64 user space (the last page below 2^47 is never mapped).
-const USER_SPACE_END: usize = 0x0000_7fff_ffff_f000;
+pub(crate) const USER_SPACE_END: usize = 0x0000_7fff_ffff_f000;
 
 /// Where a path goes.
 pub enum Target {

@@ -28,6 +28,10 @@ pub struct State {
     /// The working directory when it is inside the mount (absolute path), else `None` (the
     /// kernel's).
     pub cwd: RwLock<Option<Vec<u8>>>,
+    /// The abstract-name prefix of this file system's Unix sockets (see [`crate::sock`]).
+    pub sock_prefix: Vec<u8>,
+    /// The paths of the kura sockets this process bound or connected to.
+    pub sock_names: crate::sock::SocketNames,
     /// Whether libc was patched (otherwise every hook is inert).
     pub active: std::sync::atomic::AtomicBool,
     /// The pool is this process's embedded engine: a forked child cannot use it.
@@ -118,6 +122,7 @@ pub fn init() {
     }
     let pool_urls: Vec<String> = env("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     let embedded = pool_urls.is_empty() || pool_urls.iter().any(|u| u.starts_with("embedded:"));
+    let sock_prefix = crate::sock::name_prefix(&fs_config.name, &pool_urls);
     let state = State {
         mount: normalise_mount(&env("KURA_FS_MOUNT").unwrap_or_else(|| MOUNT_DEFAULT.to_owned())),
         pool_urls,
@@ -126,6 +131,8 @@ pub fn init() {
         fs_open: OnceLock::new(),
         fds: FdTable::new(),
         cwd: RwLock::new(env("KURA_FS_CWD").map(String::into_bytes)),
+        sock_prefix,
+        sock_names: crate::sock::SocketNames::default(),
         active: std::sync::atomic::AtomicBool::new(false),
         embedded,
         owner_pid: kura_fs::process_id(),
@@ -216,6 +223,7 @@ extern "C" fn atfork_prepare() {
             fs.pause_writeback();
         }
         state.fds.lock_for_fork();
+        state.sock_names.lock_for_fork();
     });
 }
 
@@ -223,6 +231,7 @@ extern "C" fn atfork_parent() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
         state.fds.unlock_after_fork();
+        state.sock_names.unlock_after_fork();
         if let Some(fs) = state.fs_if_open() {
             fs.resume_writeback();
             // The child shares this process's descriptors and may write through them.
@@ -235,6 +244,7 @@ extern "C" fn atfork_child() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
         state.fds.unlock_after_fork();
+        state.sock_names.unlock_after_fork();
         if let Some(fs) = state.fs_if_open() {
             fs.resume_writeback();
         }

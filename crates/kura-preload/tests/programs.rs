@@ -1,6 +1,7 @@
 //! Unmodified programs under `kura fs run`: shells, coreutils, tar, Python, sqlite3, fio, a C
-//! program through stdio; a writer killed with SIGKILL; processes racing in one directory; a
-//! full pool; an unreachable pool. Every test has its own data directory and local server.
+//! program through stdio; Unix sockets bound and connected at kura paths; a writer killed with
+//! SIGKILL; processes racing in one directory; a full pool; an unreachable pool. Every test has
+//! its own data directory and local server.
 
 mod common;
 
@@ -180,6 +181,112 @@ for dirpath, dirs, files in os.walk("/kura"):
 print(hashlib.sha256((root / "sub" / "blob").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest())
 "#;
     assert_eq!(env.run(&["python3", "-c", script]), "True\n");
+}
+
+/// A Unix socket bound at a kura path is a socket node there (and nothing on the host); another
+/// process connects to it by that path; the kernel's errors for taken, missing and non-socket
+/// paths; unlink and bind again; a relative path and datagrams; host and abstract addresses
+/// still the kernel's.
+#[test]
+fn unix_sockets_bind_and_connect_at_kura_paths() {
+    let env = Env::new();
+    let host_sock = env.dir.path().join("host.sock");
+    let script = r#"
+import errno, os, socket, stat, subprocess, sys
+
+def err(f):
+    try:
+        f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "ok"
+
+os.umask(0o022)
+os.mkdir("/kura/dir")
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind("/kura/dir/s")
+assert srv.getsockname() == "/kura/dir/s", srv.getsockname()
+st = os.lstat("/kura/dir/s")
+assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755, oct(st.st_mode)
+assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())
+assert os.listdir("/kura/dir") == ["s"]
+kind = subprocess.run(["stat", "-c", "%F", "/kura/dir/s"], capture_output=True, text=True, check=True).stdout
+assert kind == "socket\n", kind
+srv.listen(1)
+
+# Another process (under the preload too) connects by the path.
+client = subprocess.Popen([sys.executable, "-c", """
+import socket
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect("/kura/dir/s")
+assert c.getpeername() == "/kura/dir/s", c.getpeername()
+c.sendall(b"ping from %d" % c.fileno())
+print(c.recv(100).decode(), flush=True)
+"""], stdout=subprocess.PIPE, text=True)
+conn, _ = srv.accept()
+got = conn.recv(100)
+assert got.startswith(b"ping from "), got
+conn.sendall(b"pong")
+out, _ = client.communicate()
+assert client.returncode == 0 and out == "pong\n", (client.returncode, out)
+conn.close()
+
+assert err(lambda: socket.socket(socket.AF_UNIX).bind("/kura/dir/s")) == "EADDRINUSE"
+open("/kura/dir/file", "w").close()
+assert err(lambda: socket.socket(socket.AF_UNIX).bind("/kura/dir/file")) == "EADDRINUSE"
+assert err(lambda: socket.socket(socket.AF_UNIX).bind("/kura/nodir/s")) == "ENOENT"
+assert err(lambda: socket.socket(socket.AF_UNIX).connect("/kura/dir/file")) == "ECONNREFUSED"
+assert err(lambda: socket.socket(socket.AF_UNIX).connect("/kura/dir/missing")) == "ENOENT"
+assert err(lambda: os.open("/kura/dir/s", os.O_RDONLY)) == "ENXIO"
+bound = socket.socket(socket.AF_UNIX)
+bound.bind("/kura/dir/t")
+assert err(lambda: bound.bind("/kura/dir/u")) == "EINVAL"
+assert not os.path.lexists("/kura/dir/u")
+os.symlink("s", "/kura/dir/link")
+c = socket.socket(socket.AF_UNIX)
+c.connect("/kura/dir/link")
+srv.accept()[0].close()
+
+# unlink removes the name; the listener lives on, unreachable by it; the path binds again.
+os.unlink("/kura/dir/s")
+assert not os.path.lexists("/kura/dir/s")
+assert err(lambda: socket.socket(socket.AF_UNIX).connect("/kura/dir/s")) == "ENOENT"
+again = socket.socket(socket.AF_UNIX)
+again.bind("/kura/dir/s")
+again.listen(1)
+assert os.stat("/kura/dir/s").st_ino != st.st_ino
+socket.socket(socket.AF_UNIX).connect("/kura/dir/s")
+# A socket nobody listens on any more: refused, as the kernel does.
+again.close()
+assert err(lambda: socket.socket(socket.AF_UNIX).connect("/kura/dir/s")) == "ECONNREFUSED"
+
+# Relative to a working directory in the mount; datagrams sent to a path.
+os.chdir("/kura/dir")
+d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+d.bind("dgram")
+assert d.getsockname() == "dgram"
+assert stat.S_ISSOCK(os.stat("/kura/dir/dgram").st_mode)
+sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sender.sendto(b"one", "/kura/dir/dgram")
+sender.sendmsg([b"two"], [], 0, "dgram")
+assert (d.recv(10), d.recv(10)) == (b"one", b"two")
+os.chdir("/")
+
+# Not kura's: a host path and an abstract name are the kernel's.
+host = socket.socket(socket.AF_UNIX)
+host.bind(sys.argv[1])
+assert stat.S_ISSOCK(os.stat(sys.argv[1]).st_mode)
+abstract = socket.socket(socket.AF_UNIX)
+name = b"\0kura-preload-test-%d" % os.getpid()
+abstract.bind(name)
+abstract.listen(1)
+socket.socket(socket.AF_UNIX).connect(name)
+assert abstract.getsockname() == name
+print("ok")
+"#;
+    assert_eq!(env.run(&["python3", "-c", script, &host_sock.display().to_string()]), "ok\n");
+    assert!(std::fs::symlink_metadata(&host_sock).is_ok(), "the host path is the kernel's");
+    assert!(!std::path::Path::new("/kura").exists(), "a kura socket must not appear in the kernel's namespace");
 }
 
 #[test]
