@@ -59,6 +59,11 @@ const CONFIRM_EVERY_SEALS: u64 = 8;
 const DEAD_SAMPLES_PER_LOCK: usize = 16;
 /// Blocks whose live records one garbage-collection pass examines exactly, at most.
 const GC_EXAMINE_MAX: usize = 16;
+/// Liveness reads of one garbage-collection pass issued together (each at most a page or a
+/// large record's slot, so this bounds the pass's read buffers to a few MiB).
+const GC_LIVENESS_READS_BATCH: usize = 256;
+/// ... and at most about this many bytes of them (large records' slots are read whole).
+const GC_LIVENESS_READ_BYTES_MAX: u64 = 8 << 20;
 /// Times a lookup restarts after finding its block reused under it.
 const GET_RESTARTS_MAX: u32 = 16;
 /// Reads in flight while loading block summaries at open.
@@ -817,32 +822,61 @@ impl Inner {
     /// Whether a sealed block searched before `above` holds the key (any version, hence a newer
     /// one). Write buffers do not count: their records are not durable until sealed, and a GC
     /// that dropped a record for one would lose both versions in a crash.
-    fn newer_version_sealed(&self, p: usize, hash: &KeyHash, key: &[u8], above: (u64, u64)) -> Result<bool> {
-        let spans: Vec<(Arc<BlockIndex>, Span)> = {
-            let state = self.partitions[p].state.read();
-            let mut ids = Vec::new();
-            state.bfm.candidates(hash, &mut ids);
-            let mut spans = Vec::new();
-            for id in ids {
-                if let Some((b, _)) = state.blocks.get(id).filter(|(b, _)| b.order_key() > above) {
-                    let mut found = Vec::new();
-                    b.locate(hash, &mut found);
-                    spans.extend(found.into_iter().map(|s| (Arc::clone(b), s)));
-                }
-            }
-            spans
-        };
-        for (block, span) in spans {
-            let mut buf = AlignedBuf::zeroed(span.len_bytes as usize);
-            self.io("gc liveness read", span.offset_bytes, self.device.read_at(span.offset_bytes, &mut buf))?;
-            self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
-            match block::find_in_span(&span, &buf, self.sb.store_id, block.block_seq, key) {
-                Ok(SpanLookup::Found { .. }) => return Ok(true),
-                Ok(SpanLookup::NotHere) | Err(SpanError::Stale) => {}
-                Err(SpanError::Corrupt(source)) => return Err(Error::Corrupt { what: "block page", offset_bytes: span.offset_bytes, source }),
+    /// The pages of blocks newer than `above` that may hold a version of the key with `hash`.
+    fn newer_spans(&self, p: usize, hash: &KeyHash, above: (u64, u64)) -> Vec<(Arc<BlockIndex>, Span)> {
+        let state = self.partitions[p].state.read();
+        let mut ids = Vec::new();
+        state.bfm.candidates(hash, &mut ids);
+        let mut spans = Vec::new();
+        for id in ids {
+            if let Some((b, _)) = state.blocks.get(id).filter(|(b, _)| b.order_key() > above) {
+                let mut found = Vec::new();
+                b.locate(hash, &mut found);
+                spans.extend(found.into_iter().map(|s| (Arc::clone(b), s)));
             }
         }
-        Ok(false)
+        spans
+    }
+
+    /// For each record of a block being collected, whether a newer sealed block holds a version
+    /// of its key. The candidate pages are read together through an io_uring queue, in batches
+    /// of `GC_LIVENESS_READS_BATCH`.
+    fn newer_versions_sealed(&self, p: usize, records: &[OwnedRecord], above: (u64, u64)) -> Result<Vec<bool>> {
+        let mut newer = vec![false; records.len()];
+        let mut reads: Vec<(usize, Arc<BlockIndex>, Span)> = Vec::new();
+        let check = |reads: &mut Vec<(usize, Arc<BlockIndex>, Span)>, newer: &mut [bool]| -> Result<()> {
+            let mut outcome: Result<()> = Ok(());
+            self.read_batch(reads.iter().enumerate().map(|(token, (_, _, span))| (span.offset_bytes, span.len_bytes as usize, token as u64)), |token, result| {
+                let (record, block, span) = &reads[token as usize];
+                let buf = self.io("gc liveness read", span.offset_bytes, result)?;
+                self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+                match block::find_in_span(span, &buf, self.sb.store_id, block.block_seq, &records[*record].key) {
+                    Ok(SpanLookup::Found { .. }) => newer[*record] = true,
+                    Ok(SpanLookup::NotHere) | Err(SpanError::Stale) => {}
+                    Err(SpanError::Corrupt(source)) => {
+                        if outcome.is_ok() {
+                            outcome = Err(Error::Corrupt { what: "block page", offset_bytes: span.offset_bytes, source });
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+            reads.clear();
+            outcome
+        };
+        let mut batch_bytes = 0u64;
+        for (i, record) in records.iter().enumerate() {
+            for (b, span) in self.newer_spans(p, &record.hash, above) {
+                batch_bytes += u64::from(span.len_bytes);
+                reads.push((i, b, span));
+            }
+            if reads.len() >= GC_LIVENESS_READS_BATCH || batch_bytes >= GC_LIVENESS_READ_BYTES_MAX {
+                check(&mut reads, &mut newer)?;
+                batch_bytes = 0;
+            }
+        }
+        check(&mut reads, &mut newer)?;
+        Ok(newer)
     }
 
     // ---- writes ----
@@ -945,10 +979,18 @@ impl Inner {
                     state.journal_first_sealing = None;
                     state.sealing.take()
                 };
+                // Wake writers waiting for this partition (they check under the seal lock).
+                drop(self.seals.state.lock().expect("seal lock poisoned"));
+                self.seals.done.notify_all();
                 drop(frozen);
                 // Nobody else holds the frozen buffer once it left the partition: reuse its arena.
                 if let Some(arena) = done.and_then(|b| Arc::try_unwrap(b).ok()).map(WriteBuffer::into_arena) {
                     self.spare_arenas.lock().push(arena);
+                }
+                // The confirmation round's sync runs after the partition can seal again, so a
+                // writer that filled its next buffer meanwhile does not wait for it.
+                if let Err(error) = self.confirm_round_if_due() {
+                    self.fail(&error);
                 }
             }
             Err(error) => {
@@ -979,7 +1021,7 @@ impl Inner {
         self.unconfirmed.lock().push(Unconfirmed { ticket, block_seq: index.block_seq, partition: p, watermark: frozen.max_version(), journal_first });
         self.publish(p, index, &filter);
         self.counters.seals.fetch_add(1, Ordering::Relaxed);
-        self.confirm_round_if_due()
+        Ok(())
     }
 
     /// Builds and writes one block (data and summary, then its footer) without waiting for it
@@ -1399,8 +1441,9 @@ impl Inner {
                 SpanError::Stale => Error::Corrupt { what: "block being collected changed", offset_bytes: span.offset_bytes, source: FormatError::BadMagic },
             })?;
         }
-        for record in found {
-            if self.newer_version_sealed(p, &record.hash, &record.key, victim.order_key())? {
+        let newer = self.newer_versions_sealed(p, &found, victim.order_key())?;
+        for (record, newer) in found.into_iter().zip(newer) {
+            if newer {
                 continue;
             }
             if record.kind == RecordKind::Tombstone && !self.older_block_may_contain(p, &record.hash, victim.order_key()) {
