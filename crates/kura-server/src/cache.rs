@@ -16,19 +16,35 @@
 //! it saw at the miss is still current, so a read that raced with a write
 //! never puts an older record back.
 
-use std::collections::HashMap;
+use std::mem::size_of;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
+use hashbrown::HashTable;
 use parking_lot::Mutex;
-use xxhash_rust::xxh3::{Xxh3Builder, xxh3_64};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::record::RecordView;
 
 /// Shards of the cache (a power of two).
 pub const SHARDS: usize = 64;
-/// Bookkeeping bytes charged per entry besides its key and record.
-pub const ENTRY_OVERHEAD_BYTES: usize = 96;
+/// Heap bytes an allocation of `size_bytes` takes, with the allocator's chunk
+/// header and rounding (glibc: 8 bytes of header, 16-byte granules, 32 bytes
+/// at least). `-m` bounds what the cache really holds, so charges use this.
+pub const fn heap_bytes(size_bytes: usize) -> usize {
+    let chunk = (size_bytes + 8 + 15) & !15;
+    if chunk < 32 { 32 } else { chunk }
+}
+/// Bytes charged per entry besides its record's bytes: the shared
+/// `CachedRecord` allocation, and the shard's bookkeeping — its slot (the
+/// slot vector may be twice the entries after growth), its hash-table bucket
+/// (4-byte slot number and 1 control byte, at most 8/7 × 2 buckets per entry)
+/// and a free-list entry.
+pub const ENTRY_OVERHEAD_BYTES: usize =
+    heap_bytes(2 * size_of::<usize>() + size_of::<CachedRecord>())
+        + 2 * size_of::<Option<Slot>>()
+        + 12
+        + 4;
 /// The doorkeeper gets one 4-byte slot per this many bytes of cache (about
 /// one slot per cached record of 64 bytes or more, so 1/16 of `-m`).
 const DOORKEEPER_BYTES_PER_SLOT: u64 = 64;
@@ -79,7 +95,7 @@ impl CachedRecord {
     }
 
     fn charge_bytes(&self) -> usize {
-        2 * self.key().len() + self.bytes.len() + ENTRY_OVERHEAD_BYTES
+        heap_bytes(self.bytes.len()) + ENTRY_OVERHEAD_BYTES
     }
 }
 
@@ -116,8 +132,16 @@ struct Slot {
     referenced: bool,
 }
 
+/// A key's hash within its shard's table (the shard is picked by other bits
+/// of the same hash, see [`RamCache::shard`]).
+fn key_hash(key: &[u8]) -> u64 {
+    xxh3_64(key)
+}
+
 struct Shard {
-    map: HashMap<Box<[u8]>, u32, Xxh3Builder>,
+    /// Slot numbers, found by key hash; the key itself lives in the record,
+    /// so it is not stored twice.
+    map: HashTable<u32>,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     hand: usize,
@@ -129,7 +153,7 @@ struct Shard {
 impl Shard {
     fn new() -> Self {
         Self {
-            map: HashMap::with_hasher(Xxh3Builder::new()),
+            map: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
             hand: 0,
@@ -139,8 +163,26 @@ impl Shard {
         }
     }
 
-    fn remove(&mut self, key: &[u8]) {
-        if let Some(slot) = self.map.remove(key) {
+    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        let slots = &self.slots;
+        self.map
+            .find(hash, |&slot| Self::holds(slots, slot, key))
+            .copied()
+    }
+
+    fn holds(slots: &[Option<Slot>], slot: u32, key: &[u8]) -> bool {
+        slots[slot as usize]
+            .as_ref()
+            .is_some_and(|entry| entry.record.key() == key)
+    }
+
+    fn remove(&mut self, hash: u64, key: &[u8]) {
+        let slots = &self.slots;
+        let found = self
+            .map
+            .find_entry(hash, |&slot| Self::holds(slots, slot, key));
+        if let Ok(entry) = found {
+            let (slot, _) = entry.remove();
             let old = self.slots[slot as usize]
                 .take()
                 .expect("mapped slot holds an entry");
@@ -149,14 +191,13 @@ impl Shard {
         }
     }
 
-    fn insert(&mut self, record: Arc<CachedRecord>, limit_bytes: usize) {
-        self.remove(record.key());
+    fn insert(&mut self, hash: u64, record: Arc<CachedRecord>, limit_bytes: usize) {
+        self.remove(hash, record.key());
         let charge = record.charge_bytes();
         if charge > limit_bytes {
             return;
         }
         while self.bytes + charge > limit_bytes && self.evict_one() {}
-        let key: Box<[u8]> = record.key().into();
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -169,7 +210,16 @@ impl Shard {
             record,
             referenced: false,
         });
-        self.map.insert(key, slot);
+        let slots = &self.slots;
+        self.map.insert_unique(hash, slot, |&other| {
+            key_hash(
+                slots[other as usize]
+                    .as_ref()
+                    .expect("mapped slot holds an entry")
+                    .record
+                    .key(),
+            )
+        });
     }
 
     /// Advances the CLOCK hand to an unreferenced entry and evicts it.
@@ -188,8 +238,8 @@ impl Shard {
                 slot.referenced = false;
                 continue;
             }
-            let key: Box<[u8]> = slot.record.key().into();
-            self.remove(&key);
+            let record = Arc::clone(&slot.record);
+            self.remove(key_hash(record.key()), record.key());
             self.evictions += 1;
             return true;
         }
@@ -220,8 +270,10 @@ impl RamCache {
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        &self.shards[(xxh3_64(key) as usize) & (SHARDS - 1)]
+    /// The shard of a key hash: bits 32.. of it, since the table inside uses
+    /// the low bits for buckets and the top 7 as tags.
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        &self.shards[((hash >> 32) as usize) & (SHARDS - 1)]
     }
 
     fn shard_limit(&self) -> usize {
@@ -234,8 +286,9 @@ impl RamCache {
 
     /// Looks `key` up; a hit counts as a reference for eviction.
     pub fn probe(&self, key: &[u8]) -> Probe {
-        let mut shard = self.shard(key).lock();
-        if let Some(&slot) = shard.map.get(key) {
+        let hash = key_hash(key);
+        let mut shard = self.shard(hash).lock();
+        if let Some(slot) = shard.find(hash, key) {
             let entry = shard.slots[slot as usize]
                 .as_mut()
                 .expect("mapped slot holds an entry");
@@ -272,11 +325,12 @@ impl RamCache {
     /// unless a writer touched the shard since. Returns whether it did.
     pub fn fill(&self, record: Arc<CachedRecord>, epoch: u64) -> bool {
         let limit = self.shard_limit();
-        let mut shard = self.shard(record.key()).lock();
+        let hash = key_hash(record.key());
+        let mut shard = self.shard(hash).lock();
         if shard.epoch != epoch {
             return false;
         }
-        shard.insert(record, limit);
+        shard.insert(hash, record, limit);
         true
     }
 
@@ -284,11 +338,14 @@ impl RamCache {
     /// entry (inserting it only when `insert` is set), `None` removes it.
     pub fn update(&self, key: &[u8], record: Option<Arc<CachedRecord>>, insert: bool) {
         let limit = self.shard_limit();
-        let mut shard = self.shard(key).lock();
+        let hash = key_hash(key);
+        let mut shard = self.shard(hash).lock();
         shard.epoch += 1;
         match record {
-            Some(record) if insert || shard.map.contains_key(key) => shard.insert(record, limit),
-            _ => shard.remove(key),
+            Some(record) if insert || shard.find(hash, key).is_some() => {
+                shard.insert(hash, record, limit)
+            }
+            _ => shard.remove(hash, key),
         }
     }
 

@@ -41,6 +41,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod exec;
+pub mod heap;
 pub mod metrics;
 pub mod output;
 pub mod record;

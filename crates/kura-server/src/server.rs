@@ -3,8 +3,9 @@
 //! Threads: the main thread waits for SIGTERM/SIGINT; one acceptor thread
 //! takes new connections and hands them to the workers in turn (refusing
 //! those over `-c` as memcached does); `-t` workers each run an event loop
-//! (`worker`); with `--sync <interval>` a syncer thread makes writes durable;
-//! with `--metrics-addr` a thread answers scrapes. The engine has its own
+//! (`worker`); a housekeeping thread syncs with `--sync <interval>` and
+//! gives freed heap memory back; with `--metrics-addr` a thread answers
+//! scrapes. The engine has its own
 //! sealer threads.
 //!
 //! Shutdown: stop accepting, let every worker answer what is in flight and
@@ -23,6 +24,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::config::{ServerConfig, SyncPolicy};
+use crate::heap;
 use crate::signals::TerminationSignals;
 use crate::stats::{ConnStats, ServerInfo, StatsSources, WorkerStats};
 use crate::store::{Store, StoreConfig, StoreError};
@@ -174,10 +176,11 @@ impl Server {
             Arc::clone(&shared),
             config.max_connections,
         )?;
-        let syncer = match config.sync {
-            SyncPolicy::Every(interval) => Some(start_syncer(Arc::clone(&shared), interval)?),
+        let sync_interval = match config.sync {
+            SyncPolicy::Every(interval) => Some(interval),
             SyncPolicy::Always | SyncPolicy::Never => None,
         };
+        let syncer = Some(start_housekeeper(Arc::clone(&shared), sync_interval)?);
         let metrics = match metrics_listener {
             Some(listener) => {
                 let shared = Arc::clone(&shared);
@@ -383,34 +386,59 @@ fn accept_all(
     }
 }
 
-fn start_syncer(
+/// The housekeeping thread: syncs the store every `sync_interval` (when
+/// writes are synced on a timer) and gives freed heap memory back to the
+/// kernel every [`heap::HEAP_TRIM_INTERVAL`].
+fn start_housekeeper(
     shared: Arc<Shared>,
-    interval: Duration,
+    sync_interval: Option<Duration>,
 ) -> Result<(JoinHandle<()>, StopSignal), ServerError> {
     let signal = Arc::new((Mutex::new(false), Condvar::new()));
     let stop = Arc::clone(&signal);
     let handle = std::thread::Builder::new()
-        .name("kura-syncer".to_owned())
+        .name("kura-housekeeper".to_owned())
         .spawn(move || {
             let (lock, cvar) = &*stop;
+            let start = Instant::now();
+            let mut next_sync = sync_interval.map(|interval| start + interval);
+            let mut next_trim = start + heap::HEAP_TRIM_INTERVAL;
             let mut stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
             loop {
+                let now = Instant::now();
+                let next = next_sync.map_or(next_trim, |at| at.min(next_trim));
                 let (guard, _) = cvar
-                    .wait_timeout(stopped, interval)
+                    .wait_timeout(stopped, next.saturating_duration_since(now))
                     .unwrap_or_else(|e| e.into_inner());
                 stopped = guard;
                 if *stopped {
                     return;
                 }
                 drop(stopped);
-                if let Err(error) = shared.store.sync_if_dirty() {
-                    tracing::error!(%error, "periodic sync failed");
+                let now = Instant::now();
+                if let (Some(at), Some(interval)) = (next_sync, sync_interval)
+                    && now >= at
+                {
+                    if let Err(error) = shared.store.sync_if_dirty() {
+                        tracing::error!(%error, "periodic sync failed");
+                    }
+                    next_sync = Some(now + interval);
+                }
+                if now >= next_trim {
+                    let trim = heap::release_free_heap();
+                    if trim.released {
+                        tracing::debug!(
+                            free_bytes = trim.free_bytes,
+                            elapsed_us = now.elapsed().as_micros() as u64,
+                            "gave free heap memory back to the kernel"
+                        );
+                    }
+                    next_trim = Instant::now() + heap::HEAP_TRIM_INTERVAL;
                 }
                 stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
             }
         })
         .map_err(|source| ServerError::Io {
-            what: "spawning the syncer",
+            what: "spawning the housekeeping thread",
             source,
         })?;
     Ok((handle, signal))
