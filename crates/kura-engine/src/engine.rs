@@ -352,6 +352,10 @@ impl Engine {
     pub fn create(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
         config.validate().map_err(Error::InvalidConfig)?;
         let sb = layout(device.len_bytes(), config)?;
+        // The journal ring is rewritten at every sync: its first lap must not pay for
+        // file-system metadata (see `Device::materialize`). Made durable by the sync below.
+        let journal_bytes = sb.blocks_offset_bytes - sb.journal_offset_bytes;
+        device.materialize(sb.journal_offset_bytes, journal_bytes).map_err(|source| Error::Io { op: "format journal", offset_bytes: sb.journal_offset_bytes, source })?;
         let mut page = AlignedBuf::zeroed(META_PAGE_SIZE_BYTES as usize);
         for offset in CHECKPOINT_OFFSETS_BYTES {
             device.write_at(offset, &page).map_err(|source| Error::Io { op: "format", offset_bytes: offset, source })?;

@@ -12,7 +12,7 @@
 //! everything written to the file before it and flushes the pool (a barrier).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -48,6 +48,8 @@ pub enum WriteMode {
 
 struct Page {
     data: Box<[u8]>,
+    /// Mirrors membership in [`PageMap::dirty`], so that writing to a page already dirty
+    /// (the common case) costs no set lookup.
     dirty: bool,
     /// Being written back: not evictable until the pool has it.
     in_flight: bool,
@@ -57,13 +59,17 @@ struct Page {
 /// write path feels); pages past it (sparse files) in an ordered map.
 const DENSE_PAGES_MAX: u64 = 1 << 16;
 
-/// One file's cached pages by index.
+/// One file's cached pages by index, and which of them are dirty.
 #[derive(Default)]
 struct PageMap {
     /// Pages `0..DENSE_PAGES_MAX`, as far as any was cached.
     dense: Vec<Option<Page>>,
     /// Pages from `DENSE_PAGES_MAX` on.
     sparse: BTreeMap<u64, Page>,
+    /// Indexes of the dirty pages (each one a page present above). Write-back finds them
+    /// here instead of scanning every cached page: an `O_SYNC` write to a large cached file
+    /// would otherwise pay for the whole file.
+    dirty: BTreeSet<u64>,
 }
 
 impl PageMap {
@@ -83,6 +89,11 @@ impl PageMap {
     }
 
     fn insert(&mut self, index: u64, page: Page) {
+        if page.dirty {
+            self.dirty.insert(index);
+        } else {
+            self.dirty.remove(&index);
+        }
         if index < DENSE_PAGES_MAX {
             let i = index as usize;
             if self.dense.len() <= i {
@@ -95,11 +106,53 @@ impl PageMap {
     }
 
     fn remove(&mut self, index: u64) -> Option<Page> {
-        if index < DENSE_PAGES_MAX { self.dense.get_mut(index as usize)?.take() } else { self.sparse.remove(&index) }
+        let page = if index < DENSE_PAGES_MAX { self.dense.get_mut(index as usize)?.take() } else { self.sparse.remove(&index) }?;
+        if page.dirty {
+            self.dirty.remove(&index);
+        }
+        Some(page)
     }
 
-    /// Removes the pages at or after `from` and returns them, in index order.
-    fn split_off(&mut self, from: u64) -> Vec<Page> {
+    #[inline]
+    fn is_dirty(&self, index: u64) -> bool {
+        self.get(index).is_some_and(|page| page.dirty)
+    }
+
+    /// Marks the page at `index` (which must be cached) dirty; `true` when it was clean.
+    #[inline]
+    fn set_dirty(&mut self, index: u64) -> bool {
+        let Some(page) = self.get_mut(index) else {
+            debug_assert!(false, "dirty page {index} not cached");
+            return false;
+        };
+        if page.dirty {
+            return false;
+        }
+        page.dirty = true;
+        self.dirty.insert(index)
+    }
+
+    /// Marks the page at `index` clean; `true` when it was dirty.
+    #[inline]
+    fn set_clean(&mut self, index: u64) -> bool {
+        match self.get_mut(index) {
+            Some(page) if page.dirty => {
+                page.dirty = false;
+                self.dirty.remove(&index)
+            }
+            _ => false,
+        }
+    }
+
+    /// The dirty pages' indexes at or after `from`, in order.
+    fn dirty_from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
+        self.dirty.range(from..).copied()
+    }
+
+    /// Removes the pages at or after `from` and returns them, in index order, with how many
+    /// of them were dirty.
+    fn split_off(&mut self, from: u64) -> (Vec<Page>, usize) {
+        let dirty = self.dirty.split_off(&from).len();
         let mut gone = Vec::new();
         if from < self.dense.len() as u64 {
             gone.extend(self.dense.drain(from as usize..).flatten());
@@ -108,7 +161,7 @@ impl PageMap {
             }
         }
         gone.extend(self.sparse.split_off(&from.max(DENSE_PAGES_MAX)).into_values());
-        gone
+        (gone, dirty)
     }
 
     /// Every page, in index order.
@@ -117,12 +170,6 @@ impl PageMap {
         dense.chain(self.sparse.iter().map(|(&i, p)| (i, p)))
     }
 
-    /// The pages at or after `from`, in index order.
-    fn range_mut(&mut self, from: u64) -> impl Iterator<Item = (u64, &mut Page)> {
-        let start = from.min(self.dense.len() as u64) as usize;
-        let dense = self.dense[start..].iter_mut().enumerate().filter_map(move |(i, p)| Some(((start + i) as u64, p.as_mut()?)));
-        dense.chain(self.sparse.range_mut(from.max(DENSE_PAGES_MAX)..).map(|(&i, p)| (i, p)))
-    }
 }
 
 /// One inode as this process caches it.
@@ -358,8 +405,7 @@ impl Fs {
 
     /// Drops pages at or after index `from` (dirty ones too: the caller truncates).
     fn drop_pages(&self, inner: &mut NodeInner, from: u64) {
-        let dropped = inner.pages.split_off(from);
-        let dirty = dropped.iter().filter(|p| p.dirty).count();
+        let (dropped, dirty) = inner.pages.split_off(from);
         inner.dirty -= dirty;
         self.cache.dirty.fetch_sub(dirty, Ordering::Relaxed);
         self.cache.pages.fetch_sub(dropped.len(), Ordering::Relaxed);
@@ -471,8 +517,7 @@ impl Fs {
             }
             let page = inner.pages.get_mut(index).expect("inserted above");
             page.data[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-            if !page.dirty {
-                page.dirty = true;
+            if inner.pages.set_dirty(index) {
                 inner.dirty += 1;
                 newly_dirty += 1;
             }
@@ -686,12 +731,13 @@ impl Fs {
                     return Ok(());
                 }
                 let size = inner.size;
-                let from = indexes.last().map_or(0, |i| i + 1);
                 let room = (WRITEBACK_BATCH_PAGES - indexes.len()).min(WRITEBACK_COPY_PAGES);
                 let mut taken = 0;
-                for (index, page) in inner.pages.range_mut(from).filter(|(_, p)| p.dirty).take(room) {
+                while taken < room {
+                    let Some(index) = inner.pages.dirty_from(indexes.last().map_or(0, |i| i + 1)).next() else { break };
                     let len = (size.saturating_sub(index * chunk)).min(chunk) as usize;
-                    page.dirty = false;
+                    inner.pages.set_clean(index);
+                    let page = inner.pages.get_mut(index).expect("a dirty page is cached");
                     page.in_flight = true;
                     indexes.push(index);
                     taken += 1;
@@ -717,8 +763,7 @@ impl Fs {
                 for &index in &indexes {
                     if let Some(page) = inner.pages.get_mut(index) {
                         page.in_flight = false;
-                        if written.is_err() && !page.dirty {
-                            page.dirty = true;
+                        if written.is_err() && inner.pages.set_dirty(index) {
                             inner.dirty += 1;
                             self.cache.dirty.fetch_add(1, Ordering::Relaxed);
                         }
@@ -886,7 +931,7 @@ impl Fs {
             };
             let mut inner = node.inner.lock();
             match inner.pages.get(index) {
-                Some(p) if !p.dirty && !p.in_flight => {
+                Some(p) if !p.in_flight && !inner.pages.is_dirty(index) => {
                     inner.pages.remove(index);
                     self.cache.pages.fetch_sub(1, Ordering::Relaxed);
                     freed += 1;
@@ -998,7 +1043,7 @@ mod tests {
     use super::*;
 
     fn page(tag: u8) -> Page {
-        Page { data: vec![tag; 4].into_boxed_slice(), dirty: tag % 2 == 1, in_flight: false }
+        Page { data: vec![tag; 4].into_boxed_slice(), dirty: false, in_flight: false }
     }
 
     /// The page map against a `BTreeMap` model, across the dense/sparse boundary.
@@ -1009,6 +1054,9 @@ mod tests {
         let indexes = [0, 7, 3, DENSE_PAGES_MAX - 1, DENSE_PAGES_MAX, DENSE_PAGES_MAX + 5, 1 << 40, 12];
         for (tag, &i) in indexes.iter().enumerate() {
             map.insert(i, page(tag as u8));
+            if tag % 2 == 1 {
+                assert!(map.set_dirty(i) && !map.set_dirty(i));
+            }
             model.insert(i, tag as u8);
         }
         let seen = |map: &PageMap| map.iter().map(|(i, p)| (i, p.data[0])).collect::<Vec<_>>();
@@ -1016,14 +1064,17 @@ mod tests {
         assert!(map.contains(DENSE_PAGES_MAX) && !map.contains(1) && !map.contains(DENSE_PAGES_MAX + 1));
         assert_eq!(map.remove(3).map(|p| p.data[0]), model.remove(&3));
         assert!(map.remove(3).is_none() && map.remove(u64::MAX).is_none());
-        let dirty_from_7: Vec<u64> = map.range_mut(7).filter(|(_, p)| p.dirty).map(|(i, _)| i).collect();
+        let dirty_from_7: Vec<u64> = map.dirty_from(7).collect();
         let model_dirty: Vec<u64> = model.range(7..).filter(|(_, t)| *t % 2 == 1).map(|(&i, _)| i).collect();
         assert_eq!(dirty_from_7, model_dirty);
-        let gone = map.split_off(DENSE_PAGES_MAX - 1);
+        let (gone, gone_dirty) = map.split_off(DENSE_PAGES_MAX - 1);
         let model_gone = model.split_off(&(DENSE_PAGES_MAX - 1));
+        assert_eq!(gone_dirty, model_gone.values().filter(|t| *t % 2 == 1).count());
+        assert!(map.dirty_from(DENSE_PAGES_MAX - 1).next().is_none());
         assert_eq!(gone.iter().map(|p| p.data[0]).collect::<Vec<_>>(), model_gone.values().copied().collect::<Vec<_>>());
         assert_eq!(seen(&map), model.iter().map(|(&i, &t)| (i, t)).collect::<Vec<_>>());
-        assert_eq!(map.split_off(0).len(), model.len());
+        assert!(map.set_clean(7) && !map.is_dirty(7) && !map.set_clean(7));
+        assert_eq!(map.split_off(0).0.len(), model.len());
         assert!(map.iter().next().is_none() && map.dense.capacity() == 0);
     }
 }
