@@ -205,6 +205,45 @@ impl IoQueue for UringQueue {
     }
 }
 
+/// `user_data` of the cancellation a dropped queue sends (read slots are below 2^32).
+const CANCEL_TOKEN: u64 = u64::MAX;
+
+impl Drop for UringQueue {
+    /// Closing the ring does not wait for reads in flight, and the kernel writes into their
+    /// buffers until they finish (with `O_DIRECT`, into the pages themselves): a queue dropped
+    /// mid-read (a caller returning early on an error) would free memory the kernel still
+    /// writes. Cancel what can be cancelled, then wait for the rest (reads of a file always
+    /// finish) before the buffers are freed; if waiting fails, leak them instead.
+    fn drop(&mut self) {
+        if self.in_flight() == 0 {
+            return;
+        }
+        let cancel = io_uring::opcode::AsyncCancel2::new(io_uring::types::CancelBuilder::any()).build().user_data(CANCEL_TOKEN);
+        // SAFETY: a cancellation refers to no memory. A kernel without it fails it, and the
+        // loop below then waits for every read to finish.
+        let _ = unsafe { self.ring.submission().push(&cancel) };
+        while self.in_flight() > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(error) => {
+                    tracing::error!(%error, in_flight = self.in_flight(), "cannot wait for reads in flight; leaking their buffers");
+                    for (_, buf) in self.slots.iter_mut().filter_map(Option::take) {
+                        std::mem::forget(buf);
+                    }
+                    return;
+                }
+            }
+            for cqe in self.ring.completion() {
+                let slot = cqe.user_data() as usize;
+                if slot < self.slots.len() && self.slots[slot].take().is_some() {
+                    self.free_slots.push(slot as u32);
+                }
+            }
+        }
+    }
+}
+
 /// How to open a [`FileDevice`].
 #[derive(Debug, Clone)]
 pub struct FileDeviceOptions {
@@ -627,6 +666,50 @@ mod tests {
         first.result.as_ref().unwrap();
         assert!(first.buf.iter().all(|&b| b == 5));
         assert_eq!(queue.in_flight(), 0);
+    }
+
+    /// A "device" whose reads wait until the test writes to the other end of a socket pair,
+    /// so that reads stay in flight as long as the test wants.
+    struct SocketDevice(std::os::unix::net::UnixStream);
+
+    impl Device for SocketDevice {
+        fn len_bytes(&self) -> u64 {
+            1 << 40
+        }
+        fn alignment_bytes(&self) -> u32 {
+            512
+        }
+        fn read_at(&self, _: u64, _: &mut [u8]) -> io::Result<()> {
+            Err(io::Error::other("not used"))
+        }
+        fn write_at(&self, _: u64, _: &[u8]) -> io::Result<()> {
+            Err(io::Error::other("not used"))
+        }
+        fn sync(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn raw_fd(&self) -> Option<RawFd> {
+            use std::os::fd::AsRawFd;
+            Some(self.0.as_raw_fd())
+        }
+    }
+
+    #[test]
+    fn dropping_a_queue_with_reads_blocked_in_flight_returns() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let device: Arc<dyn Device> = Arc::new(SocketDevice(ours));
+        let mut queue = io_queue(&device, 8);
+        for token in 0..8 {
+            queue.submit_read(0, AlignedBuf::zeroed(512), token).unwrap();
+        }
+        queue.submit().unwrap();
+        // Half of the reads can finish, the rest stay blocked on the socket until cancelled.
+        use std::io::Write;
+        theirs.write_all(&[7u8; 512 * 4]).unwrap();
+        let started = std::time::Instant::now();
+        drop(queue);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the drop returned");
+        drop(theirs);
     }
 
     #[test]

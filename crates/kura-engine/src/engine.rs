@@ -209,7 +209,10 @@ struct Inner {
     unconfirmed_seqs: Mutex<BTreeSet<u64>>,
     /// Seals since the last confirmation round (a sync making recent blocks durable).
     seals_since_confirm: AtomicU64,
-    gc_lock: Mutex<()>,
+    /// Held by a garbage-collection pass; holds the buffer victims are read into, kept
+    /// between passes (zeroing and faulting in a fresh block-sized buffer cost every pass a
+    /// few ms of CPU).
+    gc_lock: Mutex<Option<AlignedBuf>>,
     /// Wakes the background collector (store mode with background threads).
     gc_signal: (StdMutex<GcSignal>, StdCondvar),
     stripes: Box<[Mutex<()>]>,
@@ -690,7 +693,7 @@ impl Inner {
             sync_completed: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
             unconfirmed: Mutex::new(Vec::new()),
-            gc_lock: Mutex::new(()),
+            gc_lock: Mutex::new(None),
             gc_signal: (StdMutex::new(GcSignal::default()), StdCondvar::new()),
             stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             seals: Seals { state: StdMutex::new((0, BTreeSet::new())), done: StdCondvar::new() },
@@ -1315,7 +1318,7 @@ impl Inner {
     /// Candidates are chosen by estimate, then examined exactly; returns whether a block slot
     /// was freed (or enough were free).
     fn collect_garbage(&self, free_slots_target: usize) -> Result<bool> {
-        let _gc = self.gc_lock.lock();
+        let mut victim_buf = self.gc_lock.lock();
         if self.slots.lock().free.len() > free_slots_target {
             return Ok(true);
         }
@@ -1328,7 +1331,7 @@ impl Inner {
                 }
                 examined += 1;
                 let mut live = Vec::new();
-                self.collect_live(p, &block, &mut live)?;
+                self.collect_live(p, &block, &mut victim_buf, &mut live)?;
                 block.dead_records_est.store(block.record_count - live.len() as u32, Ordering::Relaxed);
                 victims.push((block, live));
                 if self.output_blocks(&victims) < victims.len() {
@@ -1427,10 +1430,15 @@ impl Inner {
     }
 
     /// Reads a victim block and keeps the records that are still the newest of their keys.
-    fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, out: &mut Vec<OwnedRecord>) -> Result<()> {
-        let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector);
-        let mut data = AlignedBuf::zeroed(len.max(self.geo.sector));
-        self.io("gc read", victim.device_offset_bytes, self.device.read_at(victim.device_offset_bytes, &mut data))?;
+    fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, buf: &mut Option<AlignedBuf>, out: &mut Vec<OwnedRecord>) -> Result<()> {
+        let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector).max(self.geo.sector);
+        let buf = match buf {
+            Some(buf) if buf.capacity() >= len => buf,
+            _ => buf.insert(AlignedBuf::zeroed(len.max(self.geo.block_size))),
+        };
+        buf.set_len(len);
+        let data: &mut [u8] = buf;
+        self.io("gc read", victim.device_offset_bytes, self.device.read_at(victim.device_offset_bytes, data))?;
         self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
         let mut found: Vec<OwnedRecord> = Vec::new();
         for span in victim.all_spans() {
