@@ -286,6 +286,18 @@ impl BlockIndex {
     }
 
     /// Appends the reads that may hold the key (usually none or one).
+    /// Starts loading what [`BlockIndex::locate`] reads first for `hash` (see
+    /// [`EliasFano::prefetch`]): stage 0 the regions, 1 the select samples, 2 the words.
+    pub fn prefetch_locate(&self, hash: &KeyHash, stage: u8) {
+        let regions = [self.small.as_deref().map(|r| (r.fp_universe, &r.fingerprints)), self.large.as_deref().map(|r| (r.fp_universe, &r.fingerprints))];
+        for (universe, fingerprints) in regions.into_iter().flatten() {
+            match stage {
+                0 => crate::ef::prefetch_line(std::ptr::from_ref(fingerprints).cast()),
+                _ => fingerprints.prefetch(fingerprint(hash, universe), stage - 1),
+            }
+        }
+    }
+
     pub fn locate(&self, hash: &KeyHash, out: &mut Vec<Span>) {
         if let Some(r) = &self.small {
             let ranks = r.fingerprints.equal_range(fingerprint(hash, r.fp_universe));

@@ -64,6 +64,8 @@ const GC_EXAMINE_MAX: usize = 16;
 const GC_LIVENESS_READS_BATCH: usize = 256;
 /// ... and at most about this many bytes of them (large records' slots are read whole).
 const GC_LIVENESS_READ_BYTES_MAX: u64 = 8 << 20;
+/// Candidate blocks of a lookup whose page indexes are prefetched together.
+const PREFETCH_CANDIDATES_MAX: usize = 64;
 /// Times a lookup restarts after finding its block reused under it.
 const GET_RESTARTS_MAX: u32 = 16;
 /// Reads in flight while loading block summaries at open.
@@ -781,6 +783,13 @@ impl Inner {
         plan.blocks.extend(ids.into_iter().filter_map(|id| state.blocks.get(id).map(|(b, _)| Arc::clone(b))));
         drop(state);
         plan.blocks.sort_unstable_by_key(|b| std::cmp::Reverse(b.order_key()));
+        // Most candidates are ruled out by their page index alone, each after a few dependent
+        // cache misses: start them for every candidate at once, one level at a time.
+        for stage in 0..3 {
+            for block in plan.blocks.iter().take(PREFETCH_CANDIDATES_MAX) {
+                block.prefetch_locate(&plan.hash, stage);
+            }
+        }
         self.next_read(plan)
     }
 
