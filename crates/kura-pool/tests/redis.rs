@@ -83,7 +83,11 @@ fn cluster_routes_by_slot_and_survives_losing_a_master_after_a_flush() {
     ctx.set(&block_key(2, 0), b"after").unwrap();
     let mut fresh = pool.context().unwrap();
     assert_eq!(fresh.get(&block_key(2, 0)).unwrap().as_deref(), Some(&b"after"[..]));
-    // The promoted master has no replica now: a flush that wants one says so.
+    // The promoted master has no replica now: a flush that wants one says so. (Once every
+    // live node agrees the cluster is up again: for a moment after the fail-over, a node can
+    // still answer the flush's scratch write with CLUSTERDOWN, which fails the flush too, but
+    // with that error instead.)
+    cluster.wait_ok(Duration::from_secs(30)).unwrap();
     let e = fresh.flush().unwrap_err();
     assert!(matches!(e, Error::FlushIncomplete { acked: 0, .. }), "{e}");
 }
