@@ -285,7 +285,6 @@ impl BlockIndex {
             || self.large.as_ref().is_some_and(|r| !r.fingerprints.equal_range(fingerprint(hash, r.fp_universe)).is_empty())
     }
 
-    /// Appends the reads that may hold the key (usually none or one).
     /// Starts loading what [`BlockIndex::locate`] reads first for `hash` (see
     /// [`EliasFano::prefetch`]): stage 0 the regions, 1 the select samples, 2 the words.
     pub fn prefetch_locate(&self, hash: &KeyHash, stage: u8) {
@@ -298,6 +297,7 @@ impl BlockIndex {
         }
     }
 
+    /// Appends the reads that may hold the key (usually none or one).
     pub fn locate(&self, hash: &KeyHash, out: &mut Vec<Span>) {
         if let Some(r) = &self.small {
             let ranks = r.fingerprints.equal_range(fingerprint(hash, r.fp_universe));

@@ -267,8 +267,6 @@ impl EliasFano {
     }
 }
 
-/// Position of the `rank`-th (0-based) set bit of `word` (broadword: find the byte by
-/// prefix popcounts, then the bit within it).
 /// Asks the CPU to start loading the cache line at `ptr` (a hint: never faults, any address).
 #[inline]
 pub(crate) fn prefetch_line(ptr: *const u8) {
@@ -282,6 +280,8 @@ pub(crate) fn prefetch_line(ptr: *const u8) {
     let _ = ptr;
 }
 
+/// Position of the `rank`-th (0-based) set bit of `word` (broadword: find the byte by
+/// prefix popcounts, then the bit within it).
 fn select_in_word(word: u64, rank: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     let mut counts = word - ((word >> 1) & 0x5555_5555_5555_5555);

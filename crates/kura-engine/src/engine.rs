@@ -843,12 +843,11 @@ impl Inner {
         let state = self.partitions[p].state.read();
         let mut ids = Vec::new();
         state.bfm.candidates(hash, &mut ids);
-        let mut spans = Vec::new();
+        let (mut spans, mut found) = (Vec::new(), Vec::new());
         for id in ids {
             if let Some((b, _)) = state.blocks.get(id).filter(|(b, _)| b.order_key() > above) {
-                let mut found = Vec::new();
                 b.locate(hash, &mut found);
-                spans.extend(found.into_iter().map(|s| (Arc::clone(b), s)));
+                spans.extend(found.drain(..).map(|s| (Arc::clone(b), s)));
             }
         }
         spans

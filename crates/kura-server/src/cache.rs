@@ -24,7 +24,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::record::RecordView;
+use crate::record::{RecordError, RecordView};
 
 /// Shards of the cache (a power of two).
 pub const SHARDS: usize = 64;
@@ -74,6 +74,12 @@ impl CachedRecord {
             fetched: AtomicBool::new(false),
             last_access_s: AtomicI64::new(now_s),
         }
+    }
+
+    /// A record from its encoded bytes, checked (see [`RecordView::parse`]).
+    pub fn parse(bytes: Box<[u8]>, version: u64, now_s: i64) -> Result<Self, RecordError> {
+        let view = RecordView::parse(&bytes)?;
+        Ok(Self::new(bytes, view, version, now_s))
     }
 
     pub fn key(&self) -> &[u8] {
@@ -183,12 +189,17 @@ impl Shard {
             .find_entry(hash, |&slot| Self::holds(slots, slot, key));
         if let Ok(entry) = found {
             let (slot, _) = entry.remove();
-            let old = self.slots[slot as usize]
-                .take()
-                .expect("mapped slot holds an entry");
-            self.bytes -= old.record.charge_bytes();
-            self.free.push(slot);
+            self.release(slot);
         }
+    }
+
+    /// Frees `slot`, already out of the table.
+    fn release(&mut self, slot: u32) {
+        let old = self.slots[slot as usize]
+            .take()
+            .expect("mapped slot holds an entry");
+        self.bytes -= old.record.charge_bytes();
+        self.free.push(slot);
     }
 
     fn insert(&mut self, hash: u64, record: Arc<CachedRecord>, limit_bytes: usize) {
@@ -238,8 +249,14 @@ impl Shard {
                 slot.referenced = false;
                 continue;
             }
-            let record = Arc::clone(&slot.record);
-            self.remove(key_hash(record.key()), record.key());
+            let hash = key_hash(slot.record.key());
+            let victim = index as u32;
+            let entry = self
+                .map
+                .find_entry(hash, |&s| s == victim)
+                .expect("a slot in the ring is in the table");
+            entry.remove();
+            self.release(victim);
             self.evictions += 1;
             return true;
         }
@@ -394,10 +411,8 @@ mod tests {
             key.as_bytes(),
             &ItemMeta::default(),
             &[&vec![b'x'; data_len]],
-        )
-        .into_boxed_slice();
-        let view = RecordView::parse(&bytes).unwrap();
-        Arc::new(CachedRecord::new(bytes, view, version, 0))
+        );
+        Arc::new(CachedRecord::parse(bytes.into_boxed_slice(), version, 0).unwrap())
     }
 
     fn hit(cache: &RamCache, key: &str) -> Option<u64> {

@@ -247,7 +247,7 @@ impl Output {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{ItemMeta, RecordView, encode};
+    use crate::record::{ItemMeta, encode};
 
     /// A sink that takes at most `chunk` bytes per call.
     struct Trickle {
@@ -268,8 +268,7 @@ mod tests {
 
     fn cached(data: &[u8]) -> Arc<CachedRecord> {
         let bytes = encode(b"k", &ItemMeta::default(), &[data]).into_boxed_slice();
-        let view = RecordView::parse(&bytes).unwrap();
-        Arc::new(CachedRecord::new(bytes, view, 1, 0))
+        Arc::new(CachedRecord::parse(bytes, 1, 0).unwrap())
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! those over `-c` as memcached does); `-t` workers each run an event loop
 //! (`worker`); a housekeeping thread syncs with `--sync <interval>` and
 //! gives freed heap memory back; with `--metrics-addr` a thread answers
-//! scrapes. The engine has its own
-//! sealer threads.
+//! scrapes. The engine has its own sealer threads.
 //!
 //! Shutdown: stop accepting, let every worker answer what is in flight and
 //! close its connections, sync the store, close it, return.
@@ -35,7 +34,7 @@ const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections\r\n";
 const ACCEPTOR_WAKER: Token = Token(usize::MAX);
 const SIGNAL_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
-/// Tells the syncer thread to stop (the flag) and wakes it (the condvar).
+/// Tells the housekeeping thread to stop (the flag) and wakes it (the condvar).
 type StopSignal = Arc<(Mutex<bool>, Condvar)>;
 
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +64,7 @@ pub struct Server {
     local_addrs: Vec<SocketAddr>,
     acceptor: Option<(JoinHandle<()>, Arc<Waker>)>,
     workers: Vec<(JoinHandle<()>, Arc<Waker>)>,
-    syncer: Option<(JoinHandle<()>, StopSignal)>,
+    housekeeper: Option<(JoinHandle<()>, StopSignal)>,
     metrics: Option<JoinHandle<()>>,
 }
 
@@ -180,7 +179,7 @@ impl Server {
             SyncPolicy::Every(interval) => Some(interval),
             SyncPolicy::Always | SyncPolicy::Never => None,
         };
-        let syncer = Some(start_housekeeper(Arc::clone(&shared), sync_interval)?);
+        let housekeeper = Some(start_housekeeper(Arc::clone(&shared), sync_interval)?);
         let metrics = match metrics_listener {
             Some(listener) => {
                 let shared = Arc::clone(&shared);
@@ -201,7 +200,7 @@ impl Server {
             local_addrs,
             acceptor: Some(acceptor),
             workers,
-            syncer,
+            housekeeper,
             metrics,
         })
     }
@@ -224,7 +223,7 @@ impl Server {
         for (handle, _) in self.workers.drain(..) {
             failed |= handle.join().is_err();
         }
-        if let Some((handle, signal)) = self.syncer.take() {
+        if let Some((handle, signal)) = self.housekeeper.take() {
             let (lock, cvar) = &*signal;
             *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
             cvar.notify_all();

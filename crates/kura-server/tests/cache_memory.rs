@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use kura_server::cache::{CachedRecord, Probe, RamCache};
-use kura_server::record::{ItemMeta, RecordView, encode};
+use kura_server::record::{ItemMeta, encode};
 
 struct Counting;
 
@@ -33,14 +33,8 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 fn record(key: &str, data_len: usize) -> Arc<CachedRecord> {
-    let bytes = encode(
-        key.as_bytes(),
-        &ItemMeta::default(),
-        &[&vec![b'x'; data_len]],
-    )
-    .into_boxed_slice();
-    let view = RecordView::parse(&bytes).unwrap();
-    Arc::new(CachedRecord::new(bytes, view, 1, 0))
+    let bytes = encode(key.as_bytes(), &ItemMeta::default(), &[&vec![b'x'; data_len]]);
+    Arc::new(CachedRecord::parse(bytes.into_boxed_slice(), 1, 0).unwrap())
 }
 
 fn fill(cache: &RamCache, keys: usize, data_len: usize) {
