@@ -7,7 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
@@ -72,13 +72,33 @@ pub trait IoQueue: Send {
     fn unsubmitted(&self) -> usize {
         0
     }
+    /// Takes the reads that have finished, without waiting and without a system call (a
+    /// synchronous queue does its queued reads here: they finish when asked for).
+    fn reap(&mut self, out: &mut Vec<ReadCompletion>);
+    /// An eventfd the kernel signals whenever a read finishes, for a caller that waits in
+    /// epoll beside other descriptors (see [`io_queue_notifying`]); `None` when reads finish
+    /// only in [`IoQueue::wait`] or [`IoQueue::reap`].
+    fn completion_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// An io_uring queue when the device exposes a file descriptor and the kernel allows it;
 /// otherwise reads are done synchronously at `wait`.
 pub fn io_queue(device: &Arc<dyn Device>, depth: usize) -> Box<dyn IoQueue> {
+    new_io_queue(device, depth, false)
+}
+
+/// Like [`io_queue`], with an io_uring queue also signalling an eventfd
+/// ([`IoQueue::completion_fd`]) on every completion, for an event loop that polls it beside
+/// sockets and takes completions with [`IoQueue::reap`].
+pub fn io_queue_notifying(device: &Arc<dyn Device>, depth: usize) -> Box<dyn IoQueue> {
+    new_io_queue(device, depth, true)
+}
+
+fn new_io_queue(device: &Arc<dyn Device>, depth: usize, notify: bool) -> Box<dyn IoQueue> {
     if let Some(fd) = device.raw_fd() {
-        match UringQueue::new(device.clone(), fd, depth) {
+        match UringQueue::new(device.clone(), fd, depth, notify) {
             Ok(queue) => return Box::new(queue),
             Err(error) => tracing::warn!(%error, "io_uring unavailable; reads will be synchronous"),
         }
@@ -107,11 +127,14 @@ impl IoQueue for SyncQueue {
         self.depth
     }
     fn wait(&mut self, _min_complete: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
+        self.reap(out);
+        Ok(())
+    }
+    fn reap(&mut self, out: &mut Vec<ReadCompletion>) {
         for (offset, mut buf, token) in self.queued.drain(..) {
             let result = self.device.read_at(offset, &mut buf);
             out.push(ReadCompletion { token, buf, result });
         }
-        Ok(())
     }
 }
 
@@ -123,12 +146,30 @@ struct UringQueue {
     slots: Vec<Option<(u64, AlignedBuf)>>,
     free_slots: Vec<u32>,
     unsubmitted: usize,
+    /// Signalled by the kernel on every completion ([`io_queue_notifying`]).
+    eventfd: Option<OwnedFd>,
 }
 
+/// Largest io_uring queue (reads in flight per queue).
+const URING_DEPTH_MAX: usize = 4096;
+
 impl UringQueue {
-    fn new(device: Arc<dyn Device>, fd: RawFd, depth: usize) -> io::Result<Self> {
-        let depth = depth.clamp(1, 4096);
+    fn new(device: Arc<dyn Device>, fd: RawFd, depth: usize, notify: bool) -> io::Result<Self> {
+        let depth = depth.clamp(1, URING_DEPTH_MAX);
         let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
+        let eventfd = if notify {
+            // SAFETY: eventfd has no memory arguments; its result is checked before use.
+            let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if raw < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `raw` is a new descriptor that nothing else owns.
+            let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+            ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
+            Some(eventfd)
+        } else {
+            None
+        };
         Ok(Self {
             ring,
             fd,
@@ -136,7 +177,23 @@ impl UringQueue {
             slots: (0..depth).map(|_| None).collect(),
             free_slots: (0..depth as u32).rev().collect(),
             unsubmitted: 0,
+            eventfd,
         })
+    }
+
+    /// Moves every posted completion to `out`, handing each read's buffer back.
+    fn collect(&mut self, out: &mut Vec<ReadCompletion>) {
+        for cqe in self.ring.completion() {
+            let slot = cqe.user_data() as usize;
+            let (token, buf) = self.slots[slot].take().expect("completion for an empty slot");
+            self.free_slots.push(slot as u32);
+            let result = match cqe.result() {
+                n if n < 0 => Err(io::Error::from_raw_os_error(-n)),
+                n if n as usize != buf.len() => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read")),
+                _ => Ok(()),
+            };
+            out.push(ReadCompletion { token, buf, result });
+        }
     }
 }
 
@@ -190,18 +247,16 @@ impl IoQueue for UringQueue {
             }
         }
         self.unsubmitted = 0;
-        for cqe in self.ring.completion() {
-            let slot = cqe.user_data() as usize;
-            let (token, buf) = self.slots[slot].take().expect("completion for an empty slot");
-            self.free_slots.push(slot as u32);
-            let result = match cqe.result() {
-                n if n < 0 => Err(io::Error::from_raw_os_error(-n)),
-                n if n as usize != buf.len() => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read")),
-                _ => Ok(()),
-            };
-            out.push(ReadCompletion { token, buf, result });
-        }
+        self.collect(out);
         Ok(())
+    }
+
+    fn reap(&mut self, out: &mut Vec<ReadCompletion>) {
+        self.collect(out);
+    }
+
+    fn completion_fd(&self) -> Option<RawFd> {
+        self.eventfd.as_ref().map(AsRawFd::as_raw_fd)
     }
 }
 
@@ -710,6 +765,35 @@ mod tests {
         drop(queue);
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "the drop returned");
         drop(theirs);
+    }
+
+    #[test]
+    fn a_notifying_queue_signals_its_eventfd_and_reaps_without_waiting() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let device: Arc<dyn Device> = Arc::new(SocketDevice(ours));
+        let mut queue = io_queue_notifying(&device, 4);
+        let fd = queue.completion_fd().expect("an io_uring queue on a descriptor has an eventfd");
+        assert!(io_queue(&device, 4).completion_fd().is_none(), "only asked-for queues notify");
+        queue.submit_read(0, AlignedBuf::zeroed(512), 41).unwrap();
+        queue.submit().unwrap();
+        let mut done = Vec::new();
+        queue.reap(&mut done);
+        assert!(done.is_empty(), "nothing was sent yet");
+        use std::io::Write;
+        theirs.write_all(&[5u8; 512]).unwrap();
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the call's duration.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+        assert_eq!(ready, 1, "the eventfd was signalled");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while done.is_empty() {
+            queue.reap(&mut done);
+            assert!(std::time::Instant::now() < deadline, "the completion was never posted");
+        }
+        assert_eq!(done[0].token, 41);
+        done[0].result.as_ref().unwrap();
+        assert!(done[0].buf.iter().all(|&b| b == 5));
+        assert_eq!(queue.in_flight(), 0);
     }
 
     #[test]
