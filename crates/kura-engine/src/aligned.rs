@@ -6,12 +6,16 @@ use std::ptr::NonNull;
 
 /// Alignment of every I/O buffer: a 4 KiB page satisfies every device's DMA alignment.
 pub const IO_ALIGNMENT_BYTES: usize = 4096;
+/// A transparent huge page (x86-64; arm64 with 4 KiB pages): the alignment of buffers from
+/// [`AlignedBuf::zeroed_huge`] of at least this size.
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// A zero-initialised byte buffer whose start is aligned to [`IO_ALIGNMENT_BYTES`].
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     capacity: usize,
+    align: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -23,15 +27,41 @@ impl AlignedBuf {
     /// A zeroed buffer of `len` bytes; the allocation is rounded up to the alignment.
     pub fn zeroed(len: usize) -> Self {
         let capacity = len.max(1).next_multiple_of(IO_ALIGNMENT_BYTES);
-        let layout = Self::layout(capacity);
+        let layout = Self::layout(capacity, IO_ALIGNMENT_BYTES);
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
-        Self { ptr, len, capacity }
+        Self { ptr, len, capacity, align: IO_ALIGNMENT_BYTES }
     }
 
-    fn layout(capacity: usize) -> Layout {
-        Layout::from_size_align(capacity, IO_ALIGNMENT_BYTES).expect("I/O buffer layout")
+    /// A zeroed buffer of `len` bytes backed by transparent huge pages where the kernel allows
+    /// (`MADV_HUGEPAGE`), for long-lived block-sized buffers that `O_DIRECT` writes or reads
+    /// whole. Their physically contiguous memory reaches the block layer as a few large
+    /// segments instead of one per 4 KiB page: on a virtio disk (254 segments per request),
+    /// four threads writing 8 MiB blocks took 6 ms per block instead of 11-12, and pinning the
+    /// pages for `O_DIRECT` costs less. Below [`HUGE_PAGE_BYTES`] this is
+    /// [`AlignedBuf::zeroed`]. Faulting in fresh huge pages costs more than reusing small ones,
+    /// so keep such buffers (in a pool) rather than reallocate.
+    pub fn zeroed_huge(len: usize) -> Self {
+        let capacity = len.max(1).next_multiple_of(IO_ALIGNMENT_BYTES);
+        if capacity < HUGE_PAGE_BYTES {
+            return Self::zeroed(len);
+        }
+        let layout = Self::layout(capacity, HUGE_PAGE_BYTES);
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        // Advised before the first touch, so that the zeroing below faults in huge pages.
+        // Advice is a hint: where it is refused (huge pages off) the buffer is as usual.
+        // SAFETY: the range is exactly the allocation just made, which is page-aligned.
+        unsafe { libc::madvise(raw.cast(), capacity, libc::MADV_HUGEPAGE) };
+        // SAFETY: `raw` is valid for writes of `capacity` bytes.
+        unsafe { std::ptr::write_bytes(raw, 0, capacity) };
+        Self { ptr, len, capacity, align: HUGE_PAGE_BYTES }
+    }
+
+    fn layout(capacity: usize, align: usize) -> Layout {
+        Layout::from_size_align(capacity, align).expect("I/O buffer layout")
     }
 
     /// Bytes the buffer can hold without reallocating.
@@ -49,8 +79,8 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this exact layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
+        // SAFETY: allocated in `zeroed` or `zeroed_huge` with this exact layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity, self.align)) }
     }
 }
 
@@ -90,6 +120,19 @@ mod tests {
                 buf[len - 1] = 7;
                 assert_eq!(buf[len - 1], 7);
             }
+        }
+    }
+
+    #[test]
+    fn huge_buffers_are_aligned_and_zeroed() {
+        for len in [0, 4096, HUGE_PAGE_BYTES - 1, HUGE_PAGE_BYTES, 4 * HUGE_PAGE_BYTES + 512] {
+            let mut buf = AlignedBuf::zeroed_huge(len);
+            assert_eq!(buf.len(), len);
+            let align = if len.next_multiple_of(IO_ALIGNMENT_BYTES) >= HUGE_PAGE_BYTES { HUGE_PAGE_BYTES } else { IO_ALIGNMENT_BYTES };
+            assert_eq!(buf.as_ptr() as usize % align, 0, "{len} bytes");
+            assert!(buf.iter().all(|&b| b == 0));
+            buf.set_len(buf.capacity());
+            buf.fill(3);
         }
     }
 }

@@ -222,6 +222,8 @@ struct Inner {
     counters: Counters,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// Block images to build blocks in, kept for reuse: they are in huge pages (see
+    /// `AlignedBuf::zeroed_huge`), which cost more to fault in than to keep.
     images: Mutex<Vec<AlignedBuf>>,
     /// Arenas of sealed write buffers, reused so buffers do not regrow from empty.
     spare_arenas: Mutex<Vec<Vec<u8>>>,
@@ -1052,7 +1054,7 @@ impl Inner {
             seq
         };
         let spec = BuildSpec { slot, device_offset_bytes: offset, block_seq, partition: p as u32, kind };
-        let mut image = self.images.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(self.geo.block_size));
+        let mut image = self.images.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed_huge(self.geo.block_size));
         let built = block::build(&self.geo, &spec, records, &mut image);
         if chained && self.sync_completed.load(Ordering::SeqCst) <= self.partitions[p].last_footer_ticket.load(Ordering::Acquire) {
             self.device_sync("partition order sync")?;
@@ -1442,7 +1444,7 @@ impl Inner {
         let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector).max(self.geo.sector);
         let buf = match buf {
             Some(buf) if buf.capacity() >= len => buf,
-            _ => buf.insert(AlignedBuf::zeroed(len.max(self.geo.block_size))),
+            _ => buf.insert(AlignedBuf::zeroed_huge(len.max(self.geo.block_size))),
         };
         buf.set_len(len);
         let data: &mut [u8] = buf;
