@@ -112,6 +112,15 @@ impl Item {
         }
     }
 
+    /// The flash read buffer the value is a slice of, for a caller that reuses read buffers
+    /// (`None` when the value is owned bytes, e.g. from a write buffer).
+    pub fn into_read_buffer(self) -> Option<AlignedBuf> {
+        match self.value {
+            ValueBytes::Read { buf, .. } => Some(buf),
+            ValueBytes::Owned(_) => None,
+        }
+    }
+
     pub fn into_vec(self) -> Vec<u8> {
         match self.value {
             ValueBytes::Owned(v) => v,

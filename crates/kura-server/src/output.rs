@@ -162,10 +162,11 @@ impl Output {
     /// Writes ready responses from the front with `writev` until the socket
     /// would block or a pending response is reached. Returns bytes written;
     /// `WouldBlock` is not an error.
-    pub fn write_to(&mut self, sink: &mut impl Write) -> io::Result<usize> {
+    /// Each sent record read from flash goes to `spent` (whose read buffer can be reused).
+    pub fn write_to(&mut self, sink: &mut impl Write, spent: &mut impl FnMut(Item)) -> io::Result<usize> {
         let mut total = 0;
         loop {
-            self.drop_empty_front();
+            self.drop_empty_front(spent);
             let mut iovecs: Vec<IoSlice<'_>> = Vec::with_capacity(IOVECS_PER_WRITE_MAX);
             let mut skip = self.front_sent;
             for entry in &self.entries {
@@ -203,30 +204,33 @@ impl Output {
                 Err(e) => return Err(e),
             };
             drop(iovecs);
-            self.consume(written);
+            self.consume(written, spent);
             total += written;
         }
     }
 
-    fn drop_empty_front(&mut self) {
+    fn drop_empty_front(&mut self, spent: &mut impl FnMut(Item)) {
         while let Some(Entry::Ready(response)) = self.entries.front() {
             if response.len() > self.front_sent {
                 break;
             }
-            self.pop_front();
+            self.pop_front(spent);
         }
     }
 
-    fn pop_front(&mut self) {
+    fn pop_front(&mut self, spent: &mut impl FnMut(Item)) {
         let Some(Entry::Ready(response)) = self.entries.pop_front() else {
             unreachable!("only ready entries are popped")
         };
         self.queued_bytes -= response.len() - self.front_sent;
         self.front_sent = 0;
         self.base_seq += 1;
+        if let Body::Flash { item, .. } = response.body {
+            spent(item);
+        }
     }
 
-    fn consume(&mut self, mut written: usize) {
+    fn consume(&mut self, mut written: usize, spent: &mut impl FnMut(Item)) {
         while written > 0 {
             let Some(Entry::Ready(front)) = self.entries.front() else {
                 unreachable!("wrote more than was ready")
@@ -238,9 +242,9 @@ impl Output {
                 return;
             }
             written -= left;
-            self.pop_front();
+            self.pop_front(spent);
         }
-        self.drop_empty_front();
+        self.drop_empty_front(spent);
     }
 }
 
@@ -281,7 +285,7 @@ mod tests {
             got: Vec::new(),
             chunk: 2,
         };
-        out.write_to(&mut sink).unwrap();
+        out.write_to(&mut sink, &mut |_| {}).unwrap();
         assert_eq!(sink.got, b"A\r\n", "nothing past a pending entry");
         assert!(!out.can_write());
         let record = cached(b"hello");
@@ -298,7 +302,7 @@ mod tests {
             },
         );
         assert_eq!(out.pending(), 0);
-        out.write_to(&mut sink).unwrap();
+        out.write_to(&mut sink, &mut |_| {}).unwrap();
         assert_eq!(sink.got, b"A\r\nB hello\r\nC\r\n");
         assert!(out.is_empty());
         assert_eq!(out.queued_bytes(), 0);
@@ -333,7 +337,7 @@ mod tests {
             got: Vec::new(),
             chunk: 7,
         };
-        out.write_to(&mut sink).unwrap();
+        out.write_to(&mut sink, &mut |_| {}).unwrap();
         assert_eq!(sink.got, expected);
         assert_eq!(out.queued_bytes(), 0);
     }
@@ -350,7 +354,7 @@ mod tests {
             got: Vec::new(),
             chunk: 100,
         };
-        out.write_to(&mut sink).unwrap();
+        out.write_to(&mut sink, &mut |_| {}).unwrap();
         assert_eq!(sink.got, b"END\r\n");
         assert!(out.is_empty());
     }

@@ -17,6 +17,10 @@ use std::sync::Arc;
 use kura_engine::device::{IoQueue, ReadCompletion, io_queue_notifying};
 use kura_engine::{AlignedBuf, Device};
 
+/// Read buffers a worker keeps for its next reads (each a few KiB: a page, or a large
+/// record's slot), so that a read neither allocates nor zeroes one.
+pub const SPARE_READ_BUFFERS_MAX: usize = 256;
+
 /// A finished read: its token and the bytes, or the error.
 pub struct Completion {
     pub token: u64,
@@ -31,6 +35,8 @@ pub struct ReadQueue {
     refused: Vec<Completion>,
     /// Reused between reaps.
     finished: Vec<ReadCompletion>,
+    /// Buffers of sent replies, for the next reads (at most [`SPARE_READ_BUFFERS_MAX`]).
+    spare: Vec<AlignedBuf>,
 }
 
 impl ReadQueue {
@@ -41,7 +47,27 @@ impl ReadQueue {
             backlog: VecDeque::new(),
             refused: Vec::new(),
             finished: Vec::new(),
+            spare: Vec::new(),
         }
+    }
+
+    /// Keeps a buffer whose bytes were sent for a later read.
+    pub fn recycle(&mut self, buf: AlignedBuf) {
+        if self.spare.len() < SPARE_READ_BUFFERS_MAX {
+            self.spare.push(buf);
+        }
+    }
+
+    /// A buffer for a read of `len` bytes: a spare one when one is large enough. Its old
+    /// bytes need no clearing: a read that does not fill it whole is an error.
+    fn buffer(&mut self, len: usize) -> AlignedBuf {
+        while let Some(mut buf) = self.spare.pop() {
+            if buf.capacity() >= len {
+                buf.set_len(len);
+                return buf;
+            }
+        }
+        AlignedBuf::zeroed(len)
     }
 
     /// The eventfd to poll for completions (`None` when reads are synchronous).
@@ -65,7 +91,8 @@ impl ReadQueue {
             let Some((offset, len, token)) = self.backlog.pop_front() else {
                 break;
             };
-            if let Err(error) = self.queue.submit_read(offset, AlignedBuf::zeroed(len), token) {
+            let buf = self.buffer(len);
+            if let Err(error) = self.queue.submit_read(offset, buf, token) {
                 self.refused.push(Completion {
                     token,
                     result: Err(error),
@@ -162,5 +189,32 @@ mod tests {
         let tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
         assert_eq!(tokens, vec![0, 1, 2, 3, 4], "in arrival order");
         assert!(done.iter().all(|c| c.result.as_ref().unwrap().iter().all(|&b| b == 3)));
+    }
+
+    #[test]
+    fn recycled_buffers_serve_later_reads_and_are_overwritten_whole() {
+        let device: Arc<dyn Device> = kura_engine::SimDevice::new(1 << 20, 512);
+        let mut page = AlignedBuf::zeroed(4608);
+        page.fill(9);
+        device.write_at(0, &page).unwrap();
+        device.sync().unwrap();
+        let mut queue = ReadQueue::new(&device, 4);
+        let mut old = AlignedBuf::zeroed(8192);
+        old.fill(0xAA);
+        let old_ptr = old.as_ptr();
+        queue.recycle(old);
+        queue.recycle(AlignedBuf::zeroed(512)); // too small for the read: dropped, not used
+        queue.push(0, 4608, 1);
+        queue.submit().unwrap();
+        let mut done = Vec::new();
+        queue.reap(&mut done, false);
+        let buf = done.pop().unwrap().result.unwrap();
+        assert_eq!(buf.len(), 4608);
+        assert!(buf.iter().all(|&b| b == 9), "the read replaced every old byte");
+        assert_eq!(buf.as_ptr(), old_ptr, "the spare buffer was reused");
+        for _ in 0..SPARE_READ_BUFFERS_MAX + 10 {
+            queue.recycle(AlignedBuf::zeroed(4096));
+        }
+        assert_eq!(queue.spare.len(), SPARE_READ_BUFFERS_MAX, "spares are bounded");
     }
 }

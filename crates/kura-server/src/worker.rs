@@ -3,11 +3,13 @@
 //!
 //! One loop turn: wait on epoll (sockets, the read queue's eventfd, a waker
 //! for new connections and shutdown); finish the lookups whose reads
-//! completed; read, parse and execute on the connections that are ready;
-//! issue every queued flash read with one syscall; with `--sync always`, make
-//! this turn's writes durable; then send every connection's ready replies,
-//! each with one `writev`. A client whose reads are on flash never holds up
-//! another: its replies wait in its own output.
+//! completed and send their replies; then read, parse and execute on the
+//! connections that are ready, issuing each one's flash reads with one
+//! syscall as soon as it is parsed and taking up reads that finished
+//! meanwhile; with `--sync always`, make this turn's writes durable; then
+//! send every connection's ready replies, each with one `writev`. A client
+//! whose reads are on flash never holds up another: its replies wait in its
+//! own output.
 //!
 //! Limits per connection: input up to one frame (a command line and its data
 //! block); reading stops while its unsent replies exceed
@@ -235,11 +237,13 @@ impl Worker {
             if self.shared.shutdown.load(Ordering::Acquire) && self.draining_since.is_none() {
                 self.begin_drain();
             }
+            // Replies whose reads finished go out before new input is parsed,
+            // so a burst of requests does not hold them back.
             self.finish_reads(reads_signalled);
+            self.sync_writes();
+            self.flush_dirty();
             self.serve_ready();
-            if let Err(error) = self.reads.submit() {
-                tracing::error!(%error, "cannot issue flash reads");
-            }
+            self.submit_reads();
             self.sync_writes();
             self.flush_dirty();
             if last_sweep.elapsed() >= IDLE_SWEEP_INTERVAL {
@@ -397,6 +401,17 @@ impl Worker {
             };
             conn.in_ready = false;
             self.serve(index);
+            // Each connection's flash reads start as soon as it is parsed, and
+            // reads that finished meanwhile are taken up, rather than both
+            // waiting for the end of a turn that may serve many connections.
+            self.submit_reads();
+            self.finish_reads(false);
+        }
+    }
+
+    fn submit_reads(&mut self) {
+        if let Err(error) = self.reads.submit() {
+            tracing::error!(%error, "cannot issue flash reads");
         }
     }
 
@@ -617,7 +632,13 @@ impl Worker {
             };
             conn.in_dirty = false;
             let before_blocked = conn.blocked(&self.shared.limits);
-            match conn.out.write_to(&mut conn.stream) {
+            let reads = &mut self.reads;
+            let mut spent = |item: kura_engine::Item| {
+                if let Some(buf) = item.into_read_buffer() {
+                    reads.recycle(buf);
+                }
+            };
+            match conn.out.write_to(&mut conn.stream, &mut spent) {
                 Ok(n) => {
                     if n > 0 {
                         conn.last_active = Instant::now();
