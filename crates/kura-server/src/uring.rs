@@ -167,13 +167,19 @@ mod tests {
         );
     }
 
+    /// A simulated device (no io_uring: reads are synchronous) with `len` bytes of `byte` at `offset`.
+    fn sim_device_with(offset: u64, len: usize, byte: u8) -> Arc<dyn Device> {
+        let device: Arc<dyn Device> = kura_engine::SimDevice::new(1 << 20, 512);
+        let mut data = AlignedBuf::zeroed(len);
+        data.fill(byte);
+        device.write_at(offset, &data).unwrap();
+        device.sync().unwrap();
+        device
+    }
+
     #[test]
     fn without_io_uring_reads_are_ready_at_once_and_the_backlog_drains() {
-        let device: Arc<dyn Device> = kura_engine::SimDevice::new(1 << 20, 512);
-        let mut page = AlignedBuf::zeroed(4096);
-        page.fill(3);
-        device.write_at(4096, &page).unwrap();
-        device.sync().unwrap();
+        let device = sim_device_with(4096, 4096, 3);
         let mut queue = ReadQueue::new(&device, 2);
         assert!(queue.eventfd().is_none());
         for token in 0..5 {
@@ -193,11 +199,7 @@ mod tests {
 
     #[test]
     fn recycled_buffers_serve_later_reads_and_are_overwritten_whole() {
-        let device: Arc<dyn Device> = kura_engine::SimDevice::new(1 << 20, 512);
-        let mut page = AlignedBuf::zeroed(4608);
-        page.fill(9);
-        device.write_at(0, &page).unwrap();
-        device.sync().unwrap();
+        let device = sim_device_with(0, 4608, 9);
         let mut queue = ReadQueue::new(&device, 4);
         let mut old = AlignedBuf::zeroed(8192);
         old.fill(0xAA);
