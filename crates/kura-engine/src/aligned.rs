@@ -77,6 +77,49 @@ impl AlignedBuf {
     }
 }
 
+/// Read buffers one thread keeps for its next reads, at most `max` of them, so that a read
+/// neither allocates nor zeroes one. A reused buffer keeps its old bytes: it is for reads,
+/// where a read that does not fill its buffer whole is an error.
+#[derive(Debug)]
+pub struct ReadBuffers {
+    spare: Vec<AlignedBuf>,
+    max: usize,
+}
+
+impl ReadBuffers {
+    pub fn new(max: usize) -> Self {
+        Self { spare: Vec::new(), max }
+    }
+
+    /// A buffer of `len` bytes: a spare one when one is large enough (smaller ones met on
+    /// the way are dropped), else a new zeroed one.
+    pub fn take(&mut self, len: usize) -> AlignedBuf {
+        while let Some(mut buf) = self.spare.pop() {
+            if buf.capacity() >= len {
+                buf.set_len(len);
+                return buf;
+            }
+        }
+        AlignedBuf::zeroed(len)
+    }
+
+    /// Keeps `buf` for a later read, unless `max` are kept already.
+    pub fn put(&mut self, buf: AlignedBuf) {
+        if self.spare.len() < self.max {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Buffers kept.
+    pub fn len(&self) -> usize {
+        self.spare.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spare.is_empty()
+    }
+}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` or `zeroed_huge` with this exact layout.
@@ -121,6 +164,24 @@ mod tests {
                 assert_eq!(buf[len - 1], 7);
             }
         }
+    }
+
+    #[test]
+    fn read_buffers_reuse_large_enough_spares_and_stay_bounded() {
+        let mut buffers = ReadBuffers::new(2);
+        assert_eq!(buffers.take(4608).len(), 4608, "a new buffer when none is kept");
+        let big = AlignedBuf::zeroed(8192);
+        let big_ptr = big.as_ptr();
+        buffers.put(big);
+        buffers.put(AlignedBuf::zeroed(512));
+        let buf = buffers.take(4608);
+        assert_eq!(buf.as_ptr(), big_ptr, "the large-enough spare, past the small one");
+        assert_eq!(buf.len(), 4608);
+        assert!(buffers.is_empty(), "the small spare was dropped on the way");
+        for _ in 0..5 {
+            buffers.put(AlignedBuf::zeroed(4096));
+        }
+        assert_eq!(buffers.len(), 2, "at most `max` kept");
     }
 
     #[test]

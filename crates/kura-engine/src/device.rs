@@ -81,6 +81,9 @@ pub trait IoQueue: Send {
     fn completion_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Resets [`IoQueue::completion_fd`]'s counter once its signal has been seen (one
+    /// syscall; an edge-triggered poller is signalled again by the next completion anyway).
+    fn clear_completion_fd(&self) {}
 }
 
 /// An io_uring queue when the device exposes a file descriptor and the kernel allows it;
@@ -257,6 +260,15 @@ impl IoQueue for UringQueue {
 
     fn completion_fd(&self) -> Option<RawFd> {
         self.eventfd.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    fn clear_completion_fd(&self) {
+        if let Some(eventfd) = &self.eventfd {
+            let mut count = 0u64;
+            // SAFETY: reads 8 bytes into a local u64 from the queue's own non-blocking eventfd;
+            // with nothing signalled it just fails with EAGAIN.
+            let _ = unsafe { libc::read(eventfd.as_raw_fd(), (&raw mut count).cast(), 8) };
+        }
     }
 }
 

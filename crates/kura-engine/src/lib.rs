@@ -19,7 +19,7 @@ pub mod hash;
 pub mod journal;
 pub mod stats;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{AlignedBuf, ReadBuffers};
 pub use config::EngineConfig;
 pub use device::{Device, FaultMode, FileDevice, FileDeviceOptions, SimDevice};
 pub use engine::{Condition, Engine, GetPlan, GetStep, Item, WriteOutcome};

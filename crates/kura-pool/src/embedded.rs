@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use kura_engine::device::{IoQueue, ReadCompletion, io_queue};
-use kura_engine::{AlignedBuf, Engine, GetPlan, GetStep, Item};
+use kura_engine::{Engine, GetPlan, GetStep, Item, ReadBuffers};
 
 use crate::config::PoolConfig;
 use crate::error::{Error, Result};
@@ -17,6 +17,8 @@ use crate::stats::IoStats;
 
 /// Reads one io_uring queue keeps in flight, at most (the engine's queue limit).
 const QUEUE_DEPTH_MAX: usize = 4096;
+/// Read buffers of delivered values a context keeps for its next reads.
+const SPARE_READ_BUFFERS_MAX: usize = 256;
 
 enum Finished {
     Item(Item),
@@ -32,6 +34,8 @@ pub(crate) struct EmbeddedContext {
     free_slots: Vec<usize>,
     ready: VecDeque<(u64, Result<Finished>)>,
     completions: Vec<ReadCompletion>,
+    /// Buffers of delivered values, for the next reads.
+    spare: ReadBuffers,
     in_flight: usize,
     in_flight_max: usize,
     value_size_max_bytes: usize,
@@ -48,6 +52,7 @@ impl EmbeddedContext {
             free_slots: (0..depth).rev().collect(),
             ready: VecDeque::new(),
             completions: Vec::new(),
+            spare: ReadBuffers::new(SPARE_READ_BUFFERS_MAX),
             in_flight: 0,
             in_flight_max: depth,
             value_size_max_bytes: config.value_size_max_bytes,
@@ -88,7 +93,7 @@ impl EmbeddedContext {
             Ok(GetStep::Done(None)) => self.ready.push_back((token, Ok(Finished::Missing))),
             Ok(GetStep::Read { offset_bytes, len_bytes }) => {
                 let slot = self.free_slots.pop().expect("a slot per request in flight");
-                if let Err(e) = self.queue.submit_read(offset_bytes, AlignedBuf::zeroed(len_bytes), slot as u64) {
+                if let Err(e) = self.queue.submit_read(offset_bytes, self.spare.take(len_bytes), slot as u64) {
                     self.free_slots.push(slot);
                     self.ready.push_back((token, Err(e.into())));
                     return;
@@ -166,7 +171,12 @@ impl EmbeddedContext {
             self.in_flight -= 1;
             delivered += 1;
             match result {
-                Ok(Finished::Item(item)) => on_complete(Completion { token, result: Ok(Outcome::Value(item.value())) }),
+                Ok(Finished::Item(item)) => {
+                    on_complete(Completion { token, result: Ok(Outcome::Value(item.value())) });
+                    if let Some(buf) = item.into_read_buffer() {
+                        self.spare.put(buf);
+                    }
+                }
                 Ok(Finished::Missing) => on_complete(Completion { token, result: Ok(Outcome::Missing) }),
                 Ok(Finished::Done) => on_complete(Completion { token, result: Ok(Outcome::Done) }),
                 Err(e) => on_complete(Completion { token, result: Err(e) }),

@@ -15,7 +15,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use kura_engine::device::{IoQueue, ReadCompletion, io_queue_notifying};
-use kura_engine::{AlignedBuf, Device};
+use kura_engine::{AlignedBuf, Device, ReadBuffers};
 
 /// Read buffers a worker keeps for its next reads (each a few KiB: a page, or a large
 /// record's slot), so that a read neither allocates nor zeroes one.
@@ -36,7 +36,7 @@ pub struct ReadQueue {
     /// Reused between reaps.
     finished: Vec<ReadCompletion>,
     /// Buffers of sent replies, for the next reads (at most [`SPARE_READ_BUFFERS_MAX`]).
-    spare: Vec<AlignedBuf>,
+    spare: ReadBuffers,
 }
 
 impl ReadQueue {
@@ -47,27 +47,13 @@ impl ReadQueue {
             backlog: VecDeque::new(),
             refused: Vec::new(),
             finished: Vec::new(),
-            spare: Vec::new(),
+            spare: ReadBuffers::new(SPARE_READ_BUFFERS_MAX),
         }
     }
 
     /// Keeps a buffer whose bytes were sent for a later read.
     pub fn recycle(&mut self, buf: AlignedBuf) {
-        if self.spare.len() < SPARE_READ_BUFFERS_MAX {
-            self.spare.push(buf);
-        }
-    }
-
-    /// A buffer for a read of `len` bytes: a spare one when one is large enough. Its old
-    /// bytes need no clearing: a read that does not fill it whole is an error.
-    fn buffer(&mut self, len: usize) -> AlignedBuf {
-        while let Some(mut buf) = self.spare.pop() {
-            if buf.capacity() >= len {
-                buf.set_len(len);
-                return buf;
-            }
-        }
-        AlignedBuf::zeroed(len)
+        self.spare.put(buf);
     }
 
     /// The eventfd to poll for completions (`None` when reads are synchronous).
@@ -91,7 +77,7 @@ impl ReadQueue {
             let Some((offset, len, token)) = self.backlog.pop_front() else {
                 break;
             };
-            let buf = self.buffer(len);
+            let buf = self.spare.take(len);
             if let Err(error) = self.queue.submit_read(offset, buf, token) {
                 self.refused.push(Completion {
                     token,
@@ -110,11 +96,8 @@ impl ReadQueue {
     /// Moves finished reads to `out`. `signalled`: the eventfd was reported readable, so its
     /// counter is reset (with edge-triggered polling it would also signal again unreset).
     pub fn reap(&mut self, out: &mut Vec<Completion>, signalled: bool) {
-        if signalled && let Some(fd) = self.queue.completion_fd() {
-            let mut count = 0u64;
-            // SAFETY: reads 8 bytes into a local u64 from an eventfd the queue owns; a
-            // non-blocking eventfd with nothing to read just fails with EAGAIN.
-            let _ = unsafe { libc::read(fd, (&raw mut count).cast(), 8) };
+        if signalled {
+            self.queue.clear_completion_fd();
         }
         out.append(&mut self.refused);
         self.queue.reap(&mut self.finished);
