@@ -134,9 +134,12 @@ impl Item {
 pub struct GetPlan {
     key: Vec<u8>,
     hash: KeyHash,
-    /// Candidate blocks, newest first; their page indexes are consulted one at a time, so a
-    /// hit in a new block never pays for probing older ones.
-    blocks: Vec<Arc<BlockIndex>>,
+    /// The partition's blocks when the lookup was planned (one reference count for the whole
+    /// lookup, instead of one per candidate block on a counter every thread touches).
+    view: Option<BlockView>,
+    /// Candidate blocks (ids into `view`), newest first; their page indexes are consulted one
+    /// at a time, so a hit in a new block never pays for probing older ones.
+    candidates: Vec<u32>,
     next_block: usize,
     /// Reads the current block's page index named, and the next to try.
     spans: Vec<Span>,
@@ -269,11 +272,21 @@ struct BlockTable {
     entries: Vec<Option<(Arc<BlockIndex>, BfmColumn)>>,
     free_ids: Vec<u32>,
     id_of_slot: HashMap<u32, u32>,
+    /// The blocks by id, rebuilt on every insert and remove (once per sealed or retired
+    /// block), for lookups to hold across their reads.
+    view: BlockView,
 }
+
+/// A partition's blocks by id at one moment.
+type BlockView = Arc<[Option<Arc<BlockIndex>>]>;
 
 impl BlockTable {
     fn new() -> Self {
-        Self { entries: Vec::new(), free_ids: Vec::new(), id_of_slot: HashMap::new() }
+        Self { entries: Vec::new(), free_ids: Vec::new(), id_of_slot: HashMap::new(), view: Arc::from(Vec::new()) }
+    }
+
+    fn rebuild_view(&mut self) {
+        self.view = self.entries.iter().map(|e| e.as_ref().map(|(b, _)| Arc::clone(b))).collect();
     }
 
     fn get(&self, id: u32) -> Option<&(Arc<BlockIndex>, BfmColumn)> {
@@ -293,16 +306,22 @@ impl BlockTable {
         }
         self.entries[id as usize] = Some(entry);
         assert!(self.id_of_slot.insert(slot, id).is_none(), "slot {slot} already holds a block");
+        self.rebuild_view();
     }
 
     fn remove(&mut self, slot: u32) -> Option<(Arc<BlockIndex>, BfmColumn)> {
         let id = self.id_of_slot.remove(&slot)?;
         self.free_ids.push(id);
-        self.entries[id as usize].take()
+        let removed = self.entries[id as usize].take();
+        self.rebuild_view();
+        removed
     }
 
     fn memory_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Option<(Arc<BlockIndex>, BfmColumn)>>() + 4 * self.free_ids.capacity() + 16 * self.id_of_slot.capacity()
+        self.entries.capacity() * std::mem::size_of::<Option<(Arc<BlockIndex>, BfmColumn)>>()
+            + 4 * self.free_ids.capacity()
+            + 16 * self.id_of_slot.capacity()
+            + std::mem::size_of::<Option<Arc<BlockIndex>>>() * self.view.len()
     }
 }
 
@@ -770,14 +789,15 @@ impl Inner {
     fn get_start(&self, key: &[u8]) -> Result<(GetPlan, GetStep)> {
         self.check_key(key)?;
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), blocks: Vec::new(), next_block: 0, spans: Vec::new(), next_span: 0, restarts: 0 };
+        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), view: None, candidates: Vec::new(), next_block: 0, spans: Vec::new(), next_span: 0, restarts: 0 };
         let step = self.plan(&mut plan);
         Ok((plan, step))
     }
 
     /// Looks in the write buffers, then asks the Bloom Filter Map for candidate blocks.
     fn plan(&self, plan: &mut GetPlan) -> GetStep {
-        plan.blocks.clear();
+        plan.view = None;
+        plan.candidates.clear();
         plan.spans.clear();
         (plan.next_block, plan.next_span) = (0, 0);
         let p = plan.hash.partition(self.sb.partitions) as usize;
@@ -789,29 +809,36 @@ impl Inner {
                 return GetStep::Done((found.kind == RecordKind::Put).then(|| Item { version: found.version, value: ValueBytes::Owned(found.value.to_vec()) }));
             }
         }
-        let mut ids = Vec::with_capacity(16);
-        state.bfm.candidates(&plan.hash, &mut ids);
-        plan.blocks.extend(ids.into_iter().filter_map(|id| state.blocks.get(id).map(|(b, _)| Arc::clone(b))));
+        state.bfm.candidates(&plan.hash, &mut plan.candidates);
+        let view = Arc::clone(&state.blocks.view);
         drop(state);
-        plan.blocks.sort_unstable_by_key(|b| std::cmp::Reverse(b.order_key()));
+        plan.candidates.retain(|&id| view.get(id as usize).is_some_and(Option::is_some));
+        plan.candidates.sort_unstable_by_key(|&id| std::cmp::Reverse(Self::view_block(&view, id).order_key()));
         // Most candidates are ruled out by their page index alone, each after a few dependent
         // cache misses: start them for every candidate at once, one level at a time.
         for stage in 0..3 {
-            for block in plan.blocks.iter().take(PREFETCH_CANDIDATES_MAX) {
-                block.prefetch_locate(&plan.hash, stage);
+            for &id in plan.candidates.iter().take(PREFETCH_CANDIDATES_MAX) {
+                Self::view_block(&view, id).prefetch_locate(&plan.hash, stage);
             }
         }
+        plan.view = Some(view);
         self.next_read(plan)
+    }
+
+    /// A block of a view, by an id the view holds (checked when the lookup was planned).
+    fn view_block(view: &BlockView, id: u32) -> &BlockIndex {
+        view[id as usize].as_deref().expect("a planned candidate is in its view")
     }
 
     /// The next read to try: the current block's next span, else the next candidate block's.
     fn next_read(&self, plan: &mut GetPlan) -> GetStep {
         while plan.next_span == plan.spans.len() {
-            let Some(block) = plan.blocks.get(plan.next_block) else { return GetStep::Done(None) };
+            let Some(&id) = plan.candidates.get(plan.next_block) else { return GetStep::Done(None) };
+            let Some(view) = plan.view.as_ref() else { return GetStep::Done(None) };
             plan.next_block += 1;
             plan.spans.clear();
             plan.next_span = 0;
-            block.locate(&plan.hash, &mut plan.spans);
+            Self::view_block(view, id).locate(&plan.hash, &mut plan.spans);
         }
         let span = plan.spans[plan.next_span];
         GetStep::Read { offset_bytes: span.offset_bytes, len_bytes: span.len_bytes as usize }
@@ -819,11 +846,13 @@ impl Inner {
 
     fn advance(&self, plan: &mut GetPlan, buf: AlignedBuf) -> Result<GetStep> {
         let span = *plan.spans.get(plan.next_span).expect("get_continue called after Done");
-        let block = Arc::clone(&plan.blocks[plan.next_block - 1]);
+        let view = plan.view.as_ref().expect("get_continue called after Done");
+        let block = Self::view_block(view, plan.candidates[plan.next_block - 1]);
+        let (block_seq, retired) = (block.block_seq, block.retired.load(Ordering::Acquire));
         self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
         self.counters.flash_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         assert_eq!(buf.len(), span.len_bytes as usize, "read length differs from the span asked for");
-        match block::find_in_span(&span, &buf, self.sb.store_id, block.block_seq, &plan.key) {
+        match block::find_in_span(&span, &buf, self.sb.store_id, block_seq, &plan.key) {
             Ok(SpanLookup::Found { version, kind, value_start, value_len }) => {
                 let item = (kind == RecordKind::Put).then_some(Item { version, value: ValueBytes::Read { buf, start: value_start, len: value_len } });
                 Ok(GetStep::Done(item))
@@ -833,7 +862,7 @@ impl Inner {
                 Ok(self.next_read(plan))
             }
             Err(SpanError::Stale) => self.restart(plan),
-            Err(SpanError::Corrupt(_)) if block.retired.load(Ordering::Acquire) => self.restart(plan),
+            Err(SpanError::Corrupt(_)) if retired => self.restart(plan),
             Err(SpanError::Corrupt(source)) => Err(Error::Corrupt { what: "block page", offset_bytes: span.offset_bytes, source }),
         }
     }
