@@ -14,7 +14,7 @@ use crate::bloom::{BloomFilter, class_m_bits, optimal_k};
 use crate::ef::EliasFano;
 use crate::format::{
     BlockKind, FOOTER_BYTES, Footer, FormatError, LARGE_HEADER_BYTES, LargeHeader, PAGE_HEADER_BYTES, PageHeader,
-    RECORD_HEADER_BYTES, Reader, RecordHeader, RecordKind, SUMMARY_HEADER_BYTES, SummaryHeader, crc,
+    RECORD_HEADER_BYTES, Reader, RecordHeader, RecordKind, SUMMARY_HEADER_BYTES, SummaryHeader, crc, digests_len_bytes, encode_digests,
 };
 use crate::hash::{KeyHash, fastrange64};
 
@@ -84,7 +84,8 @@ impl BlockGeometry {
             + ef_bound(tally.large_count, fp + 4)
             + ef_bound(tally.large_count, 40)
             + 16 * DEAD_SAMPLES_MAX;
-        data + summary.next_multiple_of(self.page_size) + self.page_size
+        let digests = if tally.large_count > 0 { digests_len_bytes(tally.large_count, self.page_size) } else { 0 };
+        data + digests + summary.next_multiple_of(self.page_size) + self.page_size
     }
 
     fn packed_pages_bound(&self, tally: &Tally) -> usize {
@@ -226,6 +227,9 @@ pub struct BlockIndex {
     sector: u32,
     small: Option<Box<SmallRegion>>,
     large: Option<Box<LargeRegion>>,
+    /// Where the block's key digests start (see `format::encode_digests`), from the block's
+    /// start, if it has them.
+    pub digests_offset_bytes: Option<u64>,
     /// Records found (by sampling) to be shadowed by newer versions.
     pub dead_records_est: AtomicU32,
     /// Set once the block is removed from the index; its slot may be reused.
@@ -241,8 +245,19 @@ pub struct Span {
 }
 
 impl BlockIndex {
-    fn new(geo: &BlockGeometry, slot: u32, device_offset_bytes: u64, h: &SummaryHeader, regions: (Option<Box<SmallRegion>>, Option<Box<LargeRegion>>)) -> Self {
+    fn new(
+        geo: &BlockGeometry,
+        slot: u32,
+        device_offset_bytes: u64,
+        h: &SummaryHeader,
+        regions: (Option<Box<SmallRegion>>, Option<Box<LargeRegion>>),
+        summary_offset_bytes: u64,
+    ) -> Self {
         let (small, large) = regions;
+        // The digests sit between the data and the summary, exactly filling the gap.
+        let digests_at = h.data_end_bytes.next_multiple_of(geo.page_size as u64);
+        let digests_len = digests_len_bytes(h.large_count as usize, geo.page_size) as u64;
+        let digests_offset_bytes = (h.large_count > 0 && summary_offset_bytes == digests_at + digests_len).then_some(digests_at);
         Self {
             slot,
             device_offset_bytes,
@@ -259,6 +274,7 @@ impl BlockIndex {
             sector: geo.sector as u32,
             small,
             large,
+            digests_offset_bytes,
             dead_records_est: AtomicU32::new(0),
             retired: AtomicBool::new(false),
         }
@@ -337,6 +353,12 @@ impl BlockIndex {
 
     pub fn large_count(&self) -> usize {
         self.large.as_ref().map_or(0, |r| r.fingerprints.len())
+    }
+
+    /// The read that fetches the block's key digests (device offset, length), if it has them.
+    pub fn digests_span(&self) -> Option<(u64, usize)> {
+        let at = self.digests_offset_bytes?;
+        Some((self.device_offset_bytes + at, digests_len_bytes(self.large_count(), self.page_size as usize)))
     }
 
     /// Every read that covers the block's records (for GC).
@@ -423,7 +445,16 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
     let large_offset = page_first_ranks.len() * geo.page_size;
     let large_lens: Vec<usize> = large.iter().map(|r| geo.large_bytes(r.key.len(), r.value.len())).collect();
     let data_end = write_large(geo, spec.block_seq, &large, large_offset, image);
-    let summary_offset = data_end.next_multiple_of(geo.page_size);
+    let digests_offset = data_end.next_multiple_of(geo.page_size);
+    image[data_end..digests_offset].fill(0);
+    let digests_len = if large.is_empty() { 0 } else { digests_len_bytes(large.len(), geo.page_size) };
+    if digests_len > 0 {
+        let digests: Vec<(u64, u64)> = large.iter().map(|r| (r.hash.sort, r.hash.bloom)).collect();
+        let section = &mut image[digests_offset..digests_offset + digests_len];
+        section.fill(0);
+        encode_digests(spec.block_seq, &digests, section);
+    }
+    let summary_offset = digests_offset + digests_len;
 
     let small_fp_universe = fingerprint_universe(geo, small.len());
     let large_fp_universe = fingerprint_universe(geo, large.len());
@@ -467,7 +498,6 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
     let summary = encode_summary(geo, &header, &filter, [&small_ef, &ranks_ef, &large_ef], &large_slots, &samples);
     let write_len = summary_offset + summary.len().next_multiple_of(geo.page_size);
     assert!(write_len <= geo.footer_offset(), "summary overruns the footer: bound was wrong");
-    image[data_end..summary_offset].fill(0);
     image[summary_offset..summary_offset + summary.len()].copy_from_slice(&summary);
     image[summary_offset + summary.len()..write_len].fill(0);
     let footer = Footer {
@@ -480,7 +510,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
         kind: spec.kind,
     };
     let regions = regions((small_fp_universe, small_ef, ranks_ef), (large_fp_universe, large_ef, large_offset as u64, large_slots));
-    let index = BlockIndex::new(geo, spec.slot, spec.device_offset_bytes, &header, regions);
+    let index = BlockIndex::new(geo, spec.slot, spec.device_offset_bytes, &header, regions, summary_offset as u64);
     Built { index, filter, samples, footer, write_len }
 }
 
@@ -649,7 +679,7 @@ pub fn open_summary(
         LargeSlots::Offsets { sectors: Box::new(sectors), region_end_sectors }
     };
     let regions = regions((h.small_fingerprint_universe, small, page_first_ranks), (h.large_fingerprint_universe, large, h.large_offset_bytes, large_slots));
-    let index = BlockIndex::new(geo, slot, device_offset_bytes, &h, regions);
+    let index = BlockIndex::new(geo, slot, device_offset_bytes, &h, regions, footer.summary_offset_bytes);
     let mut hashes = Vec::with_capacity(usize::from(h.dead_sample_count));
     for _ in 0..h.dead_sample_count {
         hashes.push(KeyHash { sort: r.u64()?, bloom: r.u64()? });
@@ -775,6 +805,47 @@ mod tests {
 
     fn read_span<'a>(image: &'a [u8], span: &Span) -> &'a [u8] {
         &image[span.offset_bytes as usize..span.offset_bytes as usize + span.len_bytes as usize]
+    }
+
+    /// Blocks with large records carry their keys' digests between data and summary, found
+    /// again at reopen; blocks without large records, or laid out without digests (older
+    /// stores), have none.
+    #[test]
+    fn key_digests_of_large_records() {
+        let geo = geo();
+        let records = owned(60, |i| if i % 3 == 0 { 100 } else { 4096 });
+        let all = refs(&records);
+        let refs = &all[..records_fitting(&geo, &all)];
+        let mut image = AlignedBuf::zeroed(geo.block_size);
+        let spec = BuildSpec { slot: 3, device_offset_bytes: 1 << 20, block_seq: 9, partition: 1, kind: BlockKind::Normal };
+        let built = build(&geo, &spec, refs, &mut image);
+        let (offset, len) = built.index.digests_span().expect("a block with large records has digests");
+        let at = (offset - (1 << 20)) as usize;
+        let large: Vec<&RecordRef<'_>> = refs.iter().filter(|r| !geo.is_small(r.key.len(), r.value.len())).collect();
+        let digests = crate::format::decode_digests(&image[at..at + len], 9, large.len()).unwrap();
+        assert_eq!(digests, large.iter().map(|r| (r.hash.sort, r.hash.bloom)).collect::<Vec<_>>());
+        assert!(digests.windows(2).all(|w| w[0] <= w[1]), "digests are sorted");
+        // Another block's digests, a wrong count, a flipped bit: refused.
+        assert!(crate::format::decode_digests(&image[at..at + len], 10, large.len()).is_err());
+        assert!(crate::format::decode_digests(&image[at..at + len], 9, large.len() - 1).is_err());
+        let mut damaged = image[at..at + len].to_vec();
+        damaged[40] ^= 1;
+        assert_eq!(crate::format::decode_digests(&damaged, 9, large.len()), Err(FormatError::BadChecksum));
+        // Reopened from the summary: the same place.
+        let summary = &image[built.footer.summary_offset_bytes as usize..][..built.footer.summary_len_bytes as usize];
+        let (reopened, _, _) = open_summary(&geo, 3, 1 << 20, &built.footer, summary).unwrap();
+        assert_eq!(reopened.digests_span(), Some((offset, len)));
+        // A summary right after the data (the layout before digests): none.
+        let old_layout = Footer { summary_offset_bytes: built.index.data_end_bytes.next_multiple_of(geo.page_size as u64), ..built.footer };
+        let (old, _, _) = open_summary(&geo, 3, 1 << 20, &old_layout, summary).unwrap();
+        assert_eq!(old.digests_span(), None);
+        // Small records only: none.
+        let small = owned(50, |_| 100);
+        let small_refs = self::refs(&small);
+        let mut image = AlignedBuf::zeroed(geo.block_size);
+        let built = build(&geo, &spec, &small_refs, &mut image);
+        assert_eq!(built.index.digests_span(), None);
+        assert_eq!(built.footer.summary_offset_bytes, built.index.data_end_bytes.next_multiple_of(geo.page_size as u64));
     }
 
     fn check_block(records: &[Owned]) {

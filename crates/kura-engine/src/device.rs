@@ -353,12 +353,18 @@ impl FileDevice {
 
     fn open_file(path: &Path, options: &FileDeviceOptions) -> io::Result<(File, bool)> {
         let open = |direct: bool| {
-            let mut opts = OpenOptions::new();
-            opts.read(true).write(true).create(options.create);
-            if direct {
-                opts.custom_flags(libc::O_DIRECT);
+            let with = |noatime: bool| {
+                let mut opts = OpenOptions::new();
+                opts.read(true).write(true).create(options.create);
+                // O_NOATIME: reads need not update the file's access time (a check on every
+                // read otherwise); only the owner (or root) may ask, so others open without it.
+                opts.custom_flags(if direct { libc::O_DIRECT } else { 0 } | if noatime { libc::O_NOATIME } else { 0 });
+                opts.open(path)
+            };
+            match with(true) {
+                Err(error) if error.raw_os_error() == Some(libc::EPERM) => with(false),
+                other => other,
             }
-            opts.open(path)
         };
         if options.direct_io {
             match open(true) {

@@ -19,14 +19,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::aligned::AlignedBuf;
+use crate::aligned::{AlignedBuf, ReadBuffers};
 use crate::bloom::{BfmColumn, BloomFilter, BloomFilterMap};
 use crate::block::{self, BlockGeometry, BlockIndex, BuildSpec, RecordRef, Span, SpanError, SpanLookup};
 use crate::buffer::{BufferFull, WriteBuffer};
 use crate::config::EngineConfig;
-use crate::device::{Device, FileDevice, FileDeviceOptions, io_queue};
+use crate::device::{Device, FileDevice, FileDeviceOptions, IoQueue, io_queue};
 use crate::error::{Error, Result};
-use crate::format::{
+use crate::format::{self, 
     BLOCK_REGION_ALIGNMENT_BYTES, BlockKind, CHECKPOINT_OFFSETS_BYTES, Checkpoint, Footer, FormatError, JournalEntryHeader,
     META_PAGE_SIZE_BYTES, META_REGION_BYTES, Mode, RecordHeader, RecordKind, SUPERBLOCK_OFFSETS_BYTES, Superblock,
 };
@@ -64,6 +64,9 @@ const GC_EXAMINE_MAX: usize = 16;
 const GC_LIVENESS_READS_BATCH: usize = 256;
 /// ... and at most about this many bytes of them (large records' slots are read whole).
 const GC_LIVENESS_READ_BYTES_MAX: u64 = 8 << 20;
+/// Key digests (see `format::encode_digests`) garbage collection keeps in RAM between passes,
+/// at most (about 36 K blocks of 4 KiB values); past it the cache starts over.
+const GC_DIGEST_CACHE_BYTES_MAX: usize = 64 << 20;
 /// Candidate blocks of a lookup whose page indexes are prefetched together.
 const PREFETCH_CANDIDATES_MAX: usize = 64;
 /// Times a lookup restarts after finding its block reused under it.
@@ -226,7 +229,9 @@ struct Inner {
     /// Held by a garbage-collection pass; holds the buffer victims are read into, kept
     /// between passes (zeroing and faulting in a fresh block-sized buffer cost every pass a
     /// few ms of CPU).
-    gc_lock: Mutex<Option<AlignedBuf>>,
+    /// Held by whoever collects garbage; its scratch: the victim's image and the liveness
+    /// reads' queue and buffers, kept from one pass to the next.
+    gc_lock: Mutex<GcScratch>,
     /// Wakes the background collector (store mode with background threads).
     gc_signal: (StdMutex<GcSignal>, StdCondvar),
     stripes: Box<[Mutex<()>]>,
@@ -322,6 +327,51 @@ impl BlockTable {
             + 4 * self.free_ids.capacity()
             + 16 * self.id_of_slot.capacity()
             + std::mem::size_of::<Option<Arc<BlockIndex>>>() * self.view.len()
+    }
+}
+
+/// An io_uring queue and spare buffers for batches of reads ([`Inner::read_batch`]).
+struct BatchReads {
+    queue: Option<Box<dyn IoQueue>>,
+    buffers: ReadBuffers,
+}
+
+impl BatchReads {
+    fn new() -> Self {
+        Self { queue: None, buffers: ReadBuffers::new(RECOVERY_QUEUE_DEPTH) }
+    }
+}
+
+struct GcScratch {
+    victim: Option<AlignedBuf>,
+    reads: BatchReads,
+    digests: DigestCache,
+}
+
+/// Key digests of sealed blocks, by (slot, block sequence number); `None` for a block whose
+/// digest section could not be used (its records are then read instead).
+#[derive(Default)]
+struct DigestCache {
+    blocks: HashMap<(u32, u64), Option<Arc<[(u64, u64)]>>>,
+    bytes: usize,
+}
+
+impl DigestCache {
+    /// Whether block `b`'s digests (loaded) list `hash`; `None` if they are not loaded.
+    fn lists(&self, b: &BlockIndex, hash: &KeyHash) -> Option<bool> {
+        let digests = self.blocks.get(&(b.slot, b.block_seq))?.as_ref()?;
+        let from = digests.partition_point(|d| d.0 < hash.sort);
+        Some(digests[from..].iter().take_while(|d| d.0 == hash.sort).any(|d| d.1 == hash.bloom))
+    }
+
+    fn insert(&mut self, b: &BlockIndex, digests: Option<Vec<(u64, u64)>>) {
+        let bytes = digests.as_ref().map_or(0, |d| 16 * d.len()) + 64;
+        if self.bytes + bytes > GC_DIGEST_CACHE_BYTES_MAX {
+            self.blocks.clear();
+            self.bytes = 0;
+        }
+        self.bytes += bytes;
+        self.blocks.insert((b.slot, b.block_seq), digests.map(Arc::from));
     }
 }
 
@@ -725,7 +775,7 @@ impl Inner {
             sync_completed: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
             unconfirmed: Mutex::new(Vec::new()),
-            gc_lock: Mutex::new(None),
+            gc_lock: Mutex::new(GcScratch { victim: None, reads: BatchReads::new(), digests: DigestCache::default() }),
             gc_signal: (StdMutex::new(GcSignal::default()), StdCondvar::new()),
             stripes: (0..WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
             seals: Seals { state: StdMutex::new((0, BTreeSet::new())), done: StdCondvar::new() },
@@ -896,16 +946,18 @@ impl Inner {
     /// For each record of a block being collected, whether a newer sealed block holds a version
     /// of its key. The candidate pages are read together through an io_uring queue, in batches
     /// of `GC_LIVENESS_READS_BATCH`.
-    fn newer_versions_sealed(&self, p: usize, records: &[OwnedRecord], above: (u64, u64)) -> Result<Vec<bool>> {
+    fn newer_versions_sealed(&self, io: &mut BatchReads, digests: &mut DigestCache, p: usize, records: &[OwnedRecord], above: (u64, u64)) -> Result<Vec<bool>> {
         let mut newer = vec![false; records.len()];
+        self.load_newer_digests(io, digests, p, above)?;
         let mut reads: Vec<(usize, Arc<BlockIndex>, Span)> = Vec::new();
-        let check = |reads: &mut Vec<(usize, Arc<BlockIndex>, Span)>, newer: &mut [bool]| -> Result<()> {
+        let mut check = |reads: &mut Vec<(usize, Arc<BlockIndex>, Span)>, newer: &mut [bool]| -> Result<()> {
             let mut outcome: Result<()> = Ok(());
-            self.read_batch(reads.iter().enumerate().map(|(token, (_, _, span))| (span.offset_bytes, span.len_bytes as usize, token as u64)), |token, result| {
+            self.read_batch(io, reads.iter().enumerate().map(|(token, (_, _, span))| (span.offset_bytes, span.len_bytes as usize, token as u64)), |token, result| {
                 let (record, block, span) = &reads[token as usize];
                 let buf = self.io("gc liveness read", span.offset_bytes, result)?;
                 self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
-                match block::find_in_span(span, &buf, self.sb.store_id, block.block_seq, &records[*record].key) {
+                self.counters.gc_liveness_reads.fetch_add(1, Ordering::Relaxed);
+                match block::find_in_span(span, buf, self.sb.store_id, block.block_seq, &records[*record].key) {
                     Ok(SpanLookup::Found { .. }) => newer[*record] = true,
                     Ok(SpanLookup::NotHere) | Err(SpanError::Stale) => {}
                     Err(SpanError::Corrupt(source)) => {
@@ -921,7 +973,14 @@ impl Inner {
         };
         let mut batch_bytes = 0u64;
         for (i, record) in records.iter().enumerate() {
-            for (b, span) in self.newer_spans(p, &record.hash, above) {
+            let spans = self.newer_spans(p, &record.hash, above);
+            // A newer block whose digests list the key holds a version of it: no read needed.
+            if spans.iter().any(|(b, _)| digests.lists(b, &record.hash) == Some(true)) {
+                newer[i] = true;
+                self.counters.gc_digest_hits.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            for (b, span) in spans {
                 batch_bytes += u64::from(span.len_bytes);
                 reads.push((i, b, span));
             }
@@ -1366,7 +1425,8 @@ impl Inner {
     /// Candidates are chosen by estimate, then examined exactly; returns whether a block slot
     /// was freed (or enough were free).
     fn collect_garbage(&self, free_slots_target: usize) -> Result<bool> {
-        let mut victim_buf = self.gc_lock.lock();
+        let mut scratch = self.gc_lock.lock();
+        let scratch = &mut *scratch;
         if self.slots.lock().free.len() > free_slots_target {
             return Ok(true);
         }
@@ -1379,7 +1439,7 @@ impl Inner {
                 }
                 examined += 1;
                 let mut live = Vec::new();
-                self.collect_live(p, &block, &mut victim_buf, &mut live)?;
+                self.collect_live(p, &block, scratch, &mut live)?;
                 block.dead_records_est.store(block.record_count - live.len() as u32, Ordering::Relaxed);
                 victims.push((block, live));
                 if self.output_blocks(&victims) < victims.len() {
@@ -1478,12 +1538,12 @@ impl Inner {
     }
 
     /// Reads a victim block and keeps the records that are still the newest of their keys.
-    fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, buf: &mut Option<AlignedBuf>, out: &mut Vec<OwnedRecord>) -> Result<()> {
+    fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, scratch: &mut GcScratch, out: &mut Vec<OwnedRecord>) -> Result<()> {
         let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector).max(self.geo.sector);
-        let buf = match buf {
-            Some(buf) if buf.capacity() >= len => buf,
-            _ => buf.insert(AlignedBuf::zeroed_huge(len.max(self.geo.block_size))),
-        };
+        if !scratch.victim.as_ref().is_some_and(|buf| buf.capacity() >= len) {
+            scratch.victim = Some(AlignedBuf::zeroed_huge(len.max(self.geo.block_size)));
+        }
+        let buf = scratch.victim.as_mut().expect("set above");
         buf.set_len(len);
         let data: &mut [u8] = buf;
         self.io("gc read", victim.device_offset_bytes, self.device.read_at(victim.device_offset_bytes, data))?;
@@ -1501,7 +1561,7 @@ impl Inner {
                 SpanError::Stale => Error::Corrupt { what: "block being collected changed", offset_bytes: span.offset_bytes, source: FormatError::BadMagic },
             })?;
         }
-        let newer = self.newer_versions_sealed(p, &found, victim.order_key())?;
+        let newer = self.newer_versions_sealed(&mut scratch.reads, &mut scratch.digests, p, &found, victim.order_key())?;
         for (record, newer) in found.into_iter().zip(newer) {
             if newer {
                 continue;
@@ -1603,6 +1663,36 @@ impl Inner {
             .min()
     }
 
+    /// Loads into `cache` the key digests of the partition's sealed blocks newer than `above`
+    /// (those that have them and are not loaded yet), in one batch of reads.
+    fn load_newer_digests(&self, io: &mut BatchReads, cache: &mut DigestCache, p: usize, above: (u64, u64)) -> Result<()> {
+        let wanted: Vec<Arc<BlockIndex>> = {
+            let state = self.partitions[p].state.read();
+            state.blocks.view.iter().flatten().filter(|b| b.order_key() > above && b.digests_offset_bytes.is_some() && !cache.blocks.contains_key(&(b.slot, b.block_seq))).cloned().collect()
+        };
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let reads = wanted.iter().enumerate().filter_map(|(i, b)| b.digests_span().map(|(offset, len)| (offset, len, i as u64)));
+        self.read_batch(io, reads, |i, result| {
+            let b = &wanted[i as usize];
+            self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+            let digests = match result {
+                Ok(bytes) => match format::decode_digests(bytes, b.block_seq, b.large_count()) {
+                    Ok(digests) => Some(digests),
+                    Err(error) => {
+                        // Stale (the slot was reused) or damaged: read this block's records instead.
+                        tracing::debug!(slot = b.slot, block_seq = b.block_seq, %error, "key digests unusable");
+                        None
+                    }
+                },
+                Err(source) => return Err(Error::Io { op: "gc digests read", offset_bytes: b.device_offset_bytes, source }),
+            };
+            cache.insert(b, digests);
+            Ok(())
+        })
+    }
+
     // ---- recovery ----
 
     /// Reads every block's footer and summary and rebuilds the RAM index.
@@ -1610,7 +1700,8 @@ impl Inner {
         let sb = &self.sb;
         let mut footers = Vec::new();
         let footer_offset = |slot: u32| sb.block_offset_bytes(slot) + self.geo.footer_offset() as u64;
-        self.read_batch((0..sb.block_count).map(|slot| (footer_offset(slot), self.geo.page_size, u64::from(slot))), |slot, result| {
+        let mut io = BatchReads::new();
+        self.read_batch(&mut io, (0..sb.block_count).map(|slot| (footer_offset(slot), self.geo.page_size, u64::from(slot))), |slot, result| {
             let slot = slot as u32;
             let page = self.io("footer read", footer_offset(slot), result)?;
             match Footer::decode(&page, sb.store_id, u64::from(sb.block_size_bytes)) {
@@ -1632,7 +1723,7 @@ impl Inner {
         let confirmed_seq = self.checkpoint.lock().confirmed_block_seq;
         self.last_block_seq.fetch_max(confirmed_seq, Ordering::AcqRel);
         let mut unconfirmed = Vec::new();
-        self.read_batch(reads, |slot, result| {
+        self.read_batch(&mut io, reads, |slot, result| {
             let slot = slot as u32;
             let footer = &by_slot[&slot];
             let offset = sb.block_offset_bytes(slot);
@@ -1722,23 +1813,38 @@ impl Inner {
     /// Issues reads through an io_uring queue and hands each result to `on_done`.
     fn read_batch(
         &self,
+        io: &mut BatchReads,
         reads: impl Iterator<Item = (u64, usize, u64)>,
-        mut on_done: impl FnMut(u64, std::io::Result<AlignedBuf>) -> Result<()>,
+        mut on_done: impl FnMut(u64, std::io::Result<&[u8]>) -> Result<()>,
     ) -> Result<()> {
-        let mut queue = io_queue(&self.device, RECOVERY_QUEUE_DEPTH);
+        let BatchReads { queue, buffers } = io;
+        let q = queue.get_or_insert_with(|| io_queue(&self.device, RECOVERY_QUEUE_DEPTH));
         let mut done = Vec::new();
         let mut reads = reads.peekable();
-        while reads.peek().is_some() || queue.in_flight() > 0 {
-            while queue.in_flight() < queue.depth() {
+        let mut outcome = Ok(());
+        // A failed callback stops new reads; those in flight are waited for (their buffers
+        // belong to the kernel until then), so the queue serves the next batch.
+        while (outcome.is_ok() && reads.peek().is_some()) || q.in_flight() > 0 {
+            while outcome.is_ok() && q.in_flight() < q.depth() {
                 let Some((offset, len, token)) = reads.next() else { break };
-                self.io("queue read", offset, queue.submit_read(offset, AlignedBuf::zeroed(len), token))?;
+                if let Err(source) = q.submit_read(offset, buffers.take(len), token) {
+                    outcome = Err(Error::Io { op: "queue read", offset_bytes: offset, source });
+                }
             }
-            self.io("queue wait", 0, queue.wait(1, &mut done))?;
+            if let Err(source) = q.wait(1, &mut done) {
+                // Reads of this batch may still be in flight: the next batch gets a new queue
+                // (dropping this one cancels them or waits for them).
+                *queue = None;
+                return Err(Error::Io { op: "queue wait", offset_bytes: 0, source });
+            }
             for completion in done.drain(..) {
-                on_done(completion.token, completion.result.map(|()| completion.buf))?;
+                if outcome.is_ok() {
+                    outcome = on_done(completion.token, completion.result.map(|()| &completion.buf[..]));
+                }
+                buffers.put(completion.buf);
             }
         }
-        Ok(())
+        outcome
     }
 
     /// Puts journaled records that no durable block holds back into the write buffers.
@@ -1846,6 +1952,8 @@ impl Inner {
             gc_background_runs: load(&c.gc_background_runs),
             gc_records_moved: load(&c.gc_records_moved),
             gc_blocks_freed: load(&c.gc_blocks_freed),
+            gc_digest_hits: load(&c.gc_digest_hits),
+            gc_liveness_reads: load(&c.gc_liveness_reads),
             ram,
         }
     }

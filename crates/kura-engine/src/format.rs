@@ -51,12 +51,16 @@ pub const FOOTER_MAGIC: u32 = u32::from_le_bytes(*b"KFT1");
 pub const FOOTER_FREE_MAGIC: u32 = u32::from_le_bytes(*b"KFRE");
 pub const SUMMARY_MAGIC: u32 = u32::from_le_bytes(*b"KSM1");
 pub const JOURNAL_MAGIC: u32 = u32::from_le_bytes(*b"KJN1");
+pub const DIGESTS_MAGIC: u32 = u32::from_le_bytes(*b"KDG1");
 
 pub const PAGE_HEADER_BYTES: usize = 32;
 pub const RECORD_HEADER_BYTES: usize = 16;
 pub const LARGE_HEADER_BYTES: usize = 40;
 pub const FOOTER_BYTES: usize = 64;
 pub const SUMMARY_HEADER_BYTES: usize = 128;
+pub const DIGESTS_HEADER_BYTES: usize = 24;
+/// Bytes per record in a block's key-digest section.
+pub const DIGEST_BYTES: usize = 16;
 pub const JOURNAL_PAGE_HEADER_BYTES: usize = 40;
 pub const JOURNAL_ENTRY_HEADER_BYTES: usize = 16;
 pub const CHECKPOINT_HEADER_BYTES: usize = 40;
@@ -554,6 +558,57 @@ impl Footer {
         }
         Ok(Some(footer))
     }
+}
+
+/// A block's key digests: the full 128-bit key hash (`KeyHash` `sort`, `bloom`) of each large
+/// record, in record order (sorted), between the data and the summary, page-aligned. Absent in
+/// blocks without large records and in blocks written before it existed: a block has it
+/// exactly when its summary starts [`digests_len_bytes`] past the page after its data. Only
+/// garbage collection reads it (never the reopen): a victim's record whose digest a newer
+/// block lists is superseded without reading that block's record.
+///
+/// `magic u32 | crc u32 (of the rest of the section) | block_seq u64 | count u32 | 0 u32 |
+/// count × (sort u64, bloom u64)`, little-endian, zero-padded to the page.
+pub fn digests_len_bytes(count: usize, page_size: usize) -> usize {
+    (DIGESTS_HEADER_BYTES + DIGEST_BYTES * count).next_multiple_of(page_size)
+}
+
+/// Writes the digest section of `digests` into `out` (at least `DIGESTS_HEADER_BYTES + 16 × n`).
+pub fn encode_digests(block_seq: u64, digests: &[(u64, u64)], out: &mut [u8]) {
+    let end = DIGESTS_HEADER_BYTES + DIGEST_BYTES * digests.len();
+    Writer::at(out, 8).u64(block_seq).u32(digests.len() as u32).u32(0);
+    for (i, (sort, bloom)) in digests.iter().enumerate() {
+        Writer::at(out, DIGESTS_HEADER_BYTES + DIGEST_BYTES * i).u64(*sort).u64(*bloom);
+    }
+    let sum = crc(&out[8..end]);
+    Writer::new(out).u32(DIGESTS_MAGIC).u32(sum);
+}
+
+/// Reads a digest section, checking its magic, checksum, block and count.
+pub fn decode_digests(bytes: &[u8], block_seq: u64, count: usize) -> Result<Vec<(u64, u64)>, FormatError> {
+    let end = DIGESTS_HEADER_BYTES + DIGEST_BYTES * count;
+    let body = bytes.get(8..end).ok_or(FormatError::Truncated)?;
+    let mut r = Reader::new(bytes);
+    if r.u32()? != DIGESTS_MAGIC {
+        return Err(FormatError::BadMagic);
+    }
+    if r.u32()? != crc(body) {
+        return Err(FormatError::BadChecksum);
+    }
+    let seq = r.u64()?;
+    if seq != block_seq {
+        return Err(FormatError::OutOfRange { field: "digests block", value: seq });
+    }
+    let n = r.u32()?;
+    if n as usize != count {
+        return Err(FormatError::OutOfRange { field: "digests count", value: u64::from(n) });
+    }
+    r.u32()?;
+    let mut digests = Vec::with_capacity(count);
+    for _ in 0..count {
+        digests.push((r.u64()?, r.u64()?));
+    }
+    Ok(digests)
 }
 
 /// Fixed part of a block summary. The sections follow it in this order, each self-delimiting:

@@ -21,6 +21,8 @@ pub(crate) struct Counters {
     pub gc_background_runs: AtomicU64,
     pub gc_records_moved: AtomicU64,
     pub gc_blocks_freed: AtomicU64,
+    pub gc_digest_hits: AtomicU64,
+    pub gc_liveness_reads: AtomicU64,
 }
 
 /// RAM held by each structure.
@@ -77,5 +79,9 @@ pub struct Stats {
     pub gc_background_runs: u64,
     pub gc_records_moved: u64,
     pub gc_blocks_freed: u64,
+    /// Records of collected blocks found superseded from a newer block's key digests (no
+    /// read), and liveness reads of newer blocks' records (where digests did not decide).
+    pub gc_digest_hits: u64,
+    pub gc_liveness_reads: u64,
     pub ram: RamUsage,
 }
