@@ -227,9 +227,9 @@ pub struct BlockIndex {
     sector: u32,
     small: Option<Box<SmallRegion>>,
     large: Option<Box<LargeRegion>>,
-    /// Where the block's key digests start (see `format::encode_digests`), from the block's
-    /// start, if it has them.
-    pub digests_offset_bytes: Option<u64>,
+    /// Whether the block has key digests (see `format::encode_digests`), at the first page
+    /// after its data (a flag, not an offset: the struct's size is charged to the index).
+    pub has_digests: bool,
     /// Records found (by sampling) to be shadowed by newer versions.
     pub dead_records_est: AtomicU32,
     /// Set once the block is removed from the index; its slot may be reused.
@@ -257,7 +257,7 @@ impl BlockIndex {
         // The digests sit between the data and the summary, exactly filling the gap.
         let digests_at = h.data_end_bytes.next_multiple_of(geo.page_size as u64);
         let digests_len = digests_len_bytes(h.large_count as usize, geo.page_size) as u64;
-        let digests_offset_bytes = (h.large_count > 0 && summary_offset_bytes == digests_at + digests_len).then_some(digests_at);
+        let has_digests = h.large_count > 0 && summary_offset_bytes == digests_at + digests_len;
         Self {
             slot,
             device_offset_bytes,
@@ -274,7 +274,7 @@ impl BlockIndex {
             sector: geo.sector as u32,
             small,
             large,
-            digests_offset_bytes,
+            has_digests,
             dead_records_est: AtomicU32::new(0),
             retired: AtomicBool::new(false),
         }
@@ -357,7 +357,10 @@ impl BlockIndex {
 
     /// The read that fetches the block's key digests (device offset, length), if it has them.
     pub fn digests_span(&self) -> Option<(u64, usize)> {
-        let at = self.digests_offset_bytes?;
+        if !self.has_digests {
+            return None;
+        }
+        let at = self.data_end_bytes.next_multiple_of(u64::from(self.page_size));
         Some((self.device_offset_bytes + at, digests_len_bytes(self.large_count(), self.page_size as usize)))
     }
 
@@ -805,6 +808,13 @@ mod tests {
 
     fn read_span<'a>(image: &'a [u8], span: &Span) -> &'a [u8] {
         &image[span.offset_bytes as usize..span.offset_bytes as usize + span.len_bytes as usize]
+    }
+
+    /// The block struct is charged to the RAM index budget (`block_overhead_bytes`): keep it
+    /// from growing unnoticed.
+    #[test]
+    fn block_index_stays_small() {
+        assert!(std::mem::size_of::<BlockIndex>() <= 96, "{}", std::mem::size_of::<BlockIndex>());
     }
 
     /// Blocks with large records carry their keys' digests between data and summary, found

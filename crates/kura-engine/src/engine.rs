@@ -1668,7 +1668,7 @@ impl Inner {
     fn load_newer_digests(&self, io: &mut BatchReads, cache: &mut DigestCache, p: usize, above: (u64, u64)) -> Result<()> {
         let wanted: Vec<Arc<BlockIndex>> = {
             let state = self.partitions[p].state.read();
-            state.blocks.view.iter().flatten().filter(|b| b.order_key() > above && b.digests_offset_bytes.is_some() && !cache.blocks.contains_key(&(b.slot, b.block_seq))).cloned().collect()
+            state.blocks.view.iter().flatten().filter(|b| b.order_key() > above && b.has_digests && !cache.blocks.contains_key(&(b.slot, b.block_seq))).cloned().collect()
         };
         if wanted.is_empty() {
             return Ok(());
