@@ -56,6 +56,11 @@ pub fn free_tcp_port() -> io::Result<u16> {
 }
 
 /// Waits until something accepts TCP connections on `addr`, for at most `timeout`.
+///
+/// A connection to a local port nobody listens on can succeed by connecting to itself (TCP
+/// simultaneous open, when the kernel picks that very port as the ephemeral source port; the
+/// ports [`free_tcp_port`] hands out come from the same range): such a connection is not
+/// counted, or a test would go on before its server listens.
 pub fn wait_for_tcp(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<()> {
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     let Some(&first) = addrs.first() else {
@@ -67,8 +72,10 @@ pub fn wait_for_tcp(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<(
     let deadline = Instant::now() + timeout;
     loop {
         for a in &addrs {
-            if TcpStream::connect_timeout(a, Duration::from_millis(CONNECT_TIMEOUT_MS)).is_ok() {
-                return Ok(());
+            if let Ok(stream) = TcpStream::connect_timeout(a, Duration::from_millis(CONNECT_TIMEOUT_MS)) {
+                if !is_self_connected(&stream) {
+                    return Ok(());
+                }
             }
         }
         if Instant::now() >= deadline {
@@ -79,6 +86,11 @@ pub fn wait_for_tcp(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<(
         }
         thread::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS));
     }
+}
+
+/// Whether `stream` is connected to itself (see [`wait_for_tcp`]).
+pub fn is_self_connected(stream: &TcpStream) -> bool {
+    matches!((stream.local_addr(), stream.peer_addr()), (Ok(local), Ok(peer)) if local == peer)
 }
 
 /// The full path of the executable `name`, looked up in `PATH` and then in the sbin
@@ -211,6 +223,34 @@ mod tests {
         let port = free_tcp_port().unwrap();
         let err = wait_for_tcp(("127.0.0.1", port), Duration::from_millis(100)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    /// A socket bound to a port and connected to that same port connects to itself; such a
+    /// connection must not pass for a listening server.
+    #[test]
+    fn a_self_connection_is_told_apart() {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket calls on a descriptor this test owns; `addr` is a properly
+        // initialised sockaddr_in whose size is passed with it; the descriptor is handed to
+        // `TcpStream`, which closes it.
+        let stream = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from(Ipv4Addr::LOCALHOST).to_be();
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            assert_eq!(libc::bind(fd, (&raw const addr).cast(), len), 0);
+            let mut bound: libc::sockaddr_in = std::mem::zeroed();
+            let mut bound_len = len;
+            assert_eq!(libc::getsockname(fd, (&raw mut bound).cast(), &mut bound_len), 0);
+            assert_eq!(libc::connect(fd, (&raw const bound).cast(), len), 0, "{}", io::Error::last_os_error());
+            TcpStream::from_raw_fd(fd)
+        };
+        assert!(is_self_connected(&stream));
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let real = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        assert!(!is_self_connected(&real));
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Kura {
 
 /// Arguments every test server gets unless it says otherwise: a small store
 /// and item limit so stores are quick to create.
+/// Ports tried before a server that will not start fails the test.
+const LAUNCH_ATTEMPTS_MAX: usize = 3;
+
 pub const SMALL: &[&str] = &["--size", "64M", "-I", "64k", "-t", "2", "-m", "16"];
 
 impl Kura {
@@ -52,6 +55,19 @@ impl Kura {
     }
 
     fn launch(&mut self) {
+        // A port handed out free can be taken (as another socket's ephemeral source port)
+        // before the server binds it: then the server exits at once and we try another.
+        for _ in 0..LAUNCH_ATTEMPTS_MAX - 1 {
+            if self.try_launch().is_ok() {
+                return;
+            }
+        }
+        if let Err(e) = self.try_launch() {
+            panic!("{e}");
+        }
+    }
+
+    fn try_launch(&mut self) -> Result<(), String> {
         let port = free_tcp_port().expect("free port");
         let mut cmd = Command::new(SERVER_BIN);
         cmd.args(["-p", &port.to_string(), "--path"])
@@ -65,12 +81,17 @@ impl Kura {
         let child = ChildGuard::spawn("kura-server", &mut cmd).expect("start kura-server");
         self.child = Some(child);
         self.port = port;
-        if let Err(e) = wait_for_tcp(("127.0.0.1", port), START_TIMEOUT) {
-            let status = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            panic!("kura-server did not start on {port}: {e} (exit: {status:?})");
+        let waited = wait_for_tcp(("127.0.0.1", port), START_TIMEOUT);
+        let status = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten());
+        match (waited, status) {
+            (Ok(()), None) => Ok(()),
+            (waited, status) => {
+                self.child = None;
+                Err(format!("kura-server did not start on {port}: {waited:?} (exit: {status:?})"))
+            }
         }
     }
 
