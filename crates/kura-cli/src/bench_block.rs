@@ -111,11 +111,11 @@ fn volume_name(frontend: &str) -> String {
     format!("{VOLUME_NAME}-{}", frontend.replace('_', "-"))
 }
 
+/// NBD random 4 KiB reads over two connections, each half of `--depth` deep.
+const NBD_TWO_CONNECTIONS_FIELD: &str = "randread_4k_iops_2conn";
 /// The six figures of one target, in the order the jobs run: reads first, right after the
 /// anchors, then writes (each ends with an fsync, so that the next round's reads do not
 /// compete with the backend writing out the last round's data).
-/// NBD random 4 KiB reads over two connections, each half of `--depth` deep.
-const NBD_TWO_CONNECTIONS_FIELD: &str = "randread_4k_iops_2conn";
 const FIELDS: [&str; 6] = ["randread_4k_iops", "seqread_128k_mib_s", "qd1_read_lat_us", "randwrite_4k_iops", "seqwrite_128k_mib_s", "qd1_write_lat_us"];
 
 pub fn run(args: &BlockBenchArgs) -> anyhow::Result<()> {

@@ -84,8 +84,7 @@ impl BlockGeometry {
             + ef_bound(tally.large_count, fp + 4)
             + ef_bound(tally.large_count, 40)
             + 16 * DEAD_SAMPLES_MAX;
-        let digests = if tally.large_count > 0 { digests_len_bytes(tally.large_count, self.page_size) } else { 0 };
-        data + digests + summary.next_multiple_of(self.page_size) + self.page_size
+        data + digests_len_bytes(tally.large_count, self.page_size) + summary.next_multiple_of(self.page_size) + self.page_size
     }
 
     fn packed_pages_bound(&self, tally: &Tally) -> usize {
@@ -450,7 +449,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
     let data_end = write_large(geo, spec.block_seq, &large, large_offset, image);
     let digests_offset = data_end.next_multiple_of(geo.page_size);
     image[data_end..digests_offset].fill(0);
-    let digests_len = if large.is_empty() { 0 } else { digests_len_bytes(large.len(), geo.page_size) };
+    let digests_len = digests_len_bytes(large.len(), geo.page_size);
     if digests_len > 0 {
         let digests: Vec<(u64, u64)> = large.iter().map(|r| (r.hash.sort, r.hash.bloom)).collect();
         let section = &mut image[digests_offset..digests_offset + digests_len];

@@ -26,8 +26,8 @@ use crate::buffer::{BufferFull, WriteBuffer};
 use crate::config::EngineConfig;
 use crate::device::{Device, FileDevice, FileDeviceOptions, IoQueue, io_queue};
 use crate::error::{Error, Result};
-use crate::format::{self, 
-    BLOCK_REGION_ALIGNMENT_BYTES, BlockKind, CHECKPOINT_OFFSETS_BYTES, Checkpoint, Footer, FormatError, JournalEntryHeader,
+use crate::format::{
+    self, BLOCK_REGION_ALIGNMENT_BYTES, BlockKind, CHECKPOINT_OFFSETS_BYTES, Checkpoint, Footer, FormatError, JournalEntryHeader,
     META_PAGE_SIZE_BYTES, META_REGION_BYTES, Mode, RecordHeader, RecordKind, SUPERBLOCK_OFFSETS_BYTES, Superblock,
 };
 use crate::hash::KeyHash;
@@ -67,6 +67,8 @@ const GC_LIVENESS_READ_BYTES_MAX: u64 = 8 << 20;
 /// Key digests (see `format::encode_digests`) garbage collection keeps in RAM between passes,
 /// at most (about 36 K blocks of 4 KiB values); past it the cache starts over.
 const GC_DIGEST_CACHE_BYTES_MAX: usize = 64 << 20;
+/// RAM charged to the digest cache per block beyond its digests (map entry, `Arc` header).
+const GC_DIGEST_CACHE_ENTRY_BYTES: usize = 64;
 /// Candidate blocks of a lookup whose page indexes are prefetched together.
 const PREFETCH_CANDIDATES_MAX: usize = 64;
 /// Times a lookup restarts after finding its block reused under it.
@@ -226,11 +228,9 @@ struct Inner {
     unconfirmed_seqs: Mutex<BTreeSet<u64>>,
     /// Seals since the last confirmation round (a sync making recent blocks durable).
     seals_since_confirm: AtomicU64,
-    /// Held by a garbage-collection pass; holds the buffer victims are read into, kept
-    /// between passes (zeroing and faulting in a fresh block-sized buffer cost every pass a
-    /// few ms of CPU).
-    /// Held by whoever collects garbage; its scratch: the victim's image and the liveness
-    /// reads' queue and buffers, kept from one pass to the next.
+    /// Held by a garbage-collection pass; holds what passes reuse: the buffer victims are read
+    /// into (zeroing and faulting in a fresh block-sized buffer cost every pass a few ms of
+    /// CPU), the liveness reads' queue and buffers, and the newer blocks' key digests.
     gc_lock: Mutex<GcScratch>,
     /// Wakes the background collector (store mode with background threads).
     gc_signal: (StdMutex<GcSignal>, StdCondvar),
@@ -348,11 +348,14 @@ struct GcScratch {
     digests: DigestCache,
 }
 
+/// One block's key digests (`sort`, `bloom`), sorted.
+type Digests = Arc<[(u64, u64)]>;
+
 /// Key digests of sealed blocks, by (slot, block sequence number); `None` for a block whose
 /// digest section could not be used (its records are then read instead).
 #[derive(Default)]
 struct DigestCache {
-    blocks: HashMap<(u32, u64), Option<Arc<[(u64, u64)]>>>,
+    blocks: HashMap<(u32, u64), Option<Digests>>,
     bytes: usize,
 }
 
@@ -365,7 +368,7 @@ impl DigestCache {
     }
 
     fn insert(&mut self, b: &BlockIndex, digests: Option<Vec<(u64, u64)>>) {
-        let bytes = digests.as_ref().map_or(0, |d| 16 * d.len()) + 64;
+        let bytes = digests.as_ref().map_or(0, |d| format::DIGEST_BYTES * d.len()) + GC_DIGEST_CACHE_ENTRY_BYTES;
         if self.bytes + bytes > GC_DIGEST_CACHE_BYTES_MAX {
             self.blocks.clear();
             self.bytes = 0;
@@ -884,7 +887,7 @@ impl Inner {
     fn next_read(&self, plan: &mut GetPlan) -> GetStep {
         while plan.next_span == plan.spans.len() {
             let Some(&id) = plan.candidates.get(plan.next_block) else { return GetStep::Done(None) };
-            let Some(view) = plan.view.as_ref() else { return GetStep::Done(None) };
+            let view = plan.view.as_ref().expect("candidates come with the view they index");
             plan.next_block += 1;
             plan.spans.clear();
             plan.next_span = 0;
@@ -944,8 +947,9 @@ impl Inner {
     }
 
     /// For each record of a block being collected, whether a newer sealed block holds a version
-    /// of its key. The candidate pages are read together through an io_uring queue, in batches
-    /// of `GC_LIVENESS_READS_BATCH`.
+    /// of its key: decided from the newer blocks' key digests where they list it, otherwise by
+    /// reading the candidate pages, together through an io_uring queue, in batches of
+    /// `GC_LIVENESS_READS_BATCH`.
     fn newer_versions_sealed(&self, io: &mut BatchReads, digests: &mut DigestCache, p: usize, records: &[OwnedRecord], above: (u64, u64)) -> Result<Vec<bool>> {
         let mut newer = vec![false; records.len()];
         self.load_newer_digests(io, digests, p, above)?;
@@ -1540,7 +1544,7 @@ impl Inner {
     /// Reads a victim block and keeps the records that are still the newest of their keys.
     fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, scratch: &mut GcScratch, out: &mut Vec<OwnedRecord>) -> Result<()> {
         let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector).max(self.geo.sector);
-        if !scratch.victim.as_ref().is_some_and(|buf| buf.capacity() >= len) {
+        if scratch.victim.as_ref().is_none_or(|buf| buf.capacity() < len) {
             scratch.victim = Some(AlignedBuf::zeroed_huge(len.max(self.geo.block_size)));
         }
         let buf = scratch.victim.as_mut().expect("set above");
@@ -1666,16 +1670,17 @@ impl Inner {
     /// Loads into `cache` the key digests of the partition's sealed blocks newer than `above`
     /// (those that have them and are not loaded yet), in one batch of reads.
     fn load_newer_digests(&self, io: &mut BatchReads, cache: &mut DigestCache, p: usize, above: (u64, u64)) -> Result<()> {
-        let wanted: Vec<Arc<BlockIndex>> = {
+        let wanted: Vec<(Arc<BlockIndex>, (u64, usize))> = {
             let state = self.partitions[p].state.read();
-            state.blocks.view.iter().flatten().filter(|b| b.order_key() > above && b.has_digests && !cache.blocks.contains_key(&(b.slot, b.block_seq))).cloned().collect()
+            let newer = state.blocks.view.iter().flatten().filter(|b| b.order_key() > above && !cache.blocks.contains_key(&(b.slot, b.block_seq)));
+            newer.filter_map(|b| Some((Arc::clone(b), b.digests_span()?))).collect()
         };
         if wanted.is_empty() {
             return Ok(());
         }
-        let reads = wanted.iter().enumerate().filter_map(|(i, b)| b.digests_span().map(|(offset, len)| (offset, len, i as u64)));
+        let reads = wanted.iter().enumerate().map(|(i, (_, (offset, len)))| (*offset, *len, i as u64));
         self.read_batch(io, reads, |i, result| {
-            let b = &wanted[i as usize];
+            let b = &wanted[i as usize].0;
             self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
             let digests = match result {
                 Ok(bytes) => match format::decode_digests(bytes, b.block_seq, b.large_count()) {
@@ -1704,7 +1709,7 @@ impl Inner {
         self.read_batch(&mut io, (0..sb.block_count).map(|slot| (footer_offset(slot), self.geo.page_size, u64::from(slot))), |slot, result| {
             let slot = slot as u32;
             let page = self.io("footer read", footer_offset(slot), result)?;
-            match Footer::decode(&page, sb.store_id, u64::from(sb.block_size_bytes)) {
+            match Footer::decode(page, sb.store_id, u64::from(sb.block_size_bytes)) {
                 Ok(Some(footer)) => footers.push((slot, footer)),
                 Ok(None) => {}
                 Err(error) => tracing::debug!(slot, %error, "ignoring a damaged footer (an interrupted seal)"),

@@ -569,7 +569,12 @@ impl Footer {
 ///
 /// `magic u32 | crc u32 (of the rest of the section) | block_seq u64 | count u32 | 0 u32 |
 /// count × (sort u64, bloom u64)`, little-endian, zero-padded to the page.
+///
+/// Bytes of the section for `count` large records; 0 for none (no section).
 pub fn digests_len_bytes(count: usize, page_size: usize) -> usize {
+    if count == 0 {
+        return 0;
+    }
     (DIGESTS_HEADER_BYTES + DIGEST_BYTES * count).next_multiple_of(page_size)
 }
 
