@@ -72,10 +72,10 @@ pub fn wait_for_tcp(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<(
     let deadline = Instant::now() + timeout;
     loop {
         for a in &addrs {
-            if let Ok(stream) = TcpStream::connect_timeout(a, Duration::from_millis(CONNECT_TIMEOUT_MS)) {
-                if !is_self_connected(&stream) {
-                    return Ok(());
-                }
+            if let Ok(stream) = TcpStream::connect_timeout(a, Duration::from_millis(CONNECT_TIMEOUT_MS))
+                && !is_self_connected(&stream)
+            {
+                return Ok(());
             }
         }
         if Instant::now() >= deadline {

@@ -24,11 +24,18 @@ pub struct Kura {
     args: Vec<String>,
 }
 
-/// Arguments every test server gets unless it says otherwise: a small store
-/// and item limit so stores are quick to create.
-/// Ports tried before a server that will not start fails the test.
+/// Why a server did not come up: it exited (worth another port), or it is running and does
+/// not answer (a failure).
+enum Launch {
+    Exited(String),
+    Failed(String),
+}
+
+/// Ports tried before a server that exits at start fails the test.
 const LAUNCH_ATTEMPTS_MAX: usize = 3;
 
+/// Arguments every test server gets unless it says otherwise: a small store
+/// and item limit so stores are quick to create.
 pub const SMALL: &[&str] = &["--size", "64M", "-I", "64k", "-t", "2", "-m", "16"];
 
 impl Kura {
@@ -57,17 +64,18 @@ impl Kura {
     fn launch(&mut self) {
         // A port handed out free can be taken (as another socket's ephemeral source port)
         // before the server binds it: then the server exits at once and we try another.
-        for _ in 0..LAUNCH_ATTEMPTS_MAX - 1 {
-            if self.try_launch().is_ok() {
-                return;
+        let mut exited = String::new();
+        for _ in 0..LAUNCH_ATTEMPTS_MAX {
+            match self.try_launch() {
+                Ok(()) => return,
+                Err(Launch::Exited(e)) => exited = e,
+                Err(Launch::Failed(e)) => panic!("{e}"),
             }
         }
-        if let Err(e) = self.try_launch() {
-            panic!("{e}");
-        }
+        panic!("{exited}");
     }
 
-    fn try_launch(&mut self) -> Result<(), String> {
+    fn try_launch(&mut self) -> Result<(), Launch> {
         let port = free_tcp_port().expect("free port");
         let mut cmd = Command::new(SERVER_BIN);
         cmd.args(["-p", &port.to_string(), "--path"])
@@ -86,12 +94,14 @@ impl Kura {
             .child
             .as_mut()
             .and_then(|c| c.try_wait().ok().flatten());
+        let failure = format!("kura-server did not start on {port}: {waited:?} (exit: {status:?})");
         match (waited, status) {
             (Ok(()), None) => Ok(()),
-            (waited, status) => {
+            (_, Some(_)) => {
                 self.child = None;
-                Err(format!("kura-server did not start on {port}: {waited:?} (exit: {status:?})"))
+                Err(Launch::Exited(failure))
             }
+            (Err(_), None) => Err(Launch::Failed(failure)),
         }
     }
 
