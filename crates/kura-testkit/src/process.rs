@@ -210,8 +210,18 @@ impl Drop for ChildGuard {
 mod tests {
     use super::*;
 
+    /// Held by the tests here that open TCP sockets: a port `free_tcp_port` hands out can be
+    /// taken by another test's ephemeral source port before it is bound, so they run one at
+    /// a time.
+    static SOCKET_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn socket_test() -> std::sync::MutexGuard<'static, ()> {
+        SOCKET_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn free_port_can_be_bound_and_waited_for() {
+        let _serial = socket_test();
         let port = free_tcp_port().unwrap();
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
         wait_for_tcp(("127.0.0.1", port), Duration::from_secs(5)).unwrap();
@@ -220,6 +230,7 @@ mod tests {
 
     #[test]
     fn wait_for_tcp_times_out_on_a_closed_port() {
+        let _serial = socket_test();
         let port = free_tcp_port().unwrap();
         let err = wait_for_tcp(("127.0.0.1", port), Duration::from_millis(100)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
@@ -230,6 +241,7 @@ mod tests {
     #[test]
     fn a_self_connection_is_told_apart() {
         use std::os::fd::FromRawFd;
+        let _serial = socket_test();
         // SAFETY: plain socket calls on a descriptor this test owns; `addr` is a properly
         // initialised sockaddr_in whose size is passed with it; the descriptor is handed to
         // `TcpStream`, which closes it.
