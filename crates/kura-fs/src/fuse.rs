@@ -132,11 +132,8 @@ fn owner(req: &Request) -> Owner {
 
 impl Filesystem for KuraFuse {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok(Some(e)) => match self.fs.getattr(e.ino) {
-                Ok(inode) => self.entry(&inode, reply),
-                Err(e) => reply.error(errno(e)),
-            },
+        match self.fs.lookup_inode(parent.0, name.as_bytes()) {
+            Ok(Some((_, inode))) => self.entry(&inode, reply),
             Ok(None) => reply.error(Errno::ENOENT),
             Err(e) => reply.error(errno(e)),
         }

@@ -220,6 +220,22 @@ impl Fs {
         Ok(bucket.find(name).cloned())
     }
 
+    /// The entry `name` of directory `dir` and the inode it names. Another process may
+    /// replace or remove the name between reading the entry and reading the inode (a rename
+    /// over it drops the old inode): the name is then read again, so that a name that always
+    /// existed is never `ENOENT`.
+    pub fn lookup_inode(&self, dir: u64, name: &[u8]) -> Result<Option<(DirEntry, Inode)>> {
+        for _ in 0..CAS_RETRIES_MAX {
+            let Some(entry) = self.lookup(dir, name)? else { return Ok(None) };
+            match self.getattr(entry.ino) {
+                Ok(inode) => return Ok(Some((entry, inode))),
+                Err(FsError::NotFound) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(FsError::Io(format!("directory {dir}: the entry keeps naming removed inodes")))
+    }
+
     /// Every entry of `dir` (without `.` and `..`), read in one batch.
     pub fn readdir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(dir, b)).collect();

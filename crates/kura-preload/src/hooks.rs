@@ -189,6 +189,46 @@ pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_las
     fs.resolve(start, rel, Follow { last: follow_last }, &state.mount).map_err(fs_errno)
 }
 
+/// Resolves a kura target and reads the inode it names. Another process may replace or remove
+/// the name between the lookup and the read (a rename over it drops the old inode): the path
+/// is then resolved again, so that a reader sees the old file or the new one, never `ENOENT`
+/// for a name that always existed. The inode comes with `Found` and only with it.
+pub(crate) fn resolve_inode(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<(Resolved, Option<Inode>), i32> {
+    for _ in 0..VICTIM_RETRIES_MAX {
+        let resolved = resolve(state, fs, start, rel, follow_last)?;
+        let Resolved::Found { entry, .. } = &resolved else { return Ok((resolved, None)) };
+        match fs.getattr(entry.ino) {
+            Ok(inode) => return Ok((resolved, Some(inode))),
+            Err(FsError::NotFound) => continue,
+            Err(e) => return Err(fs_errno(e)),
+        }
+    }
+    Err(libc::EIO)
+}
+
+/// Times a name's inode may vanish between looking the name up and reading the inode (another
+/// process unlinked or replaced it) before the operation gives up with `EIO`.
+const VICTIM_RETRIES_MAX: u32 = 1000;
+
+/// The inode that `parent/name` (looked up as `entry`) names, for the permission checks of a
+/// removal or a rename. Another process may remove or replace the name between the lookup
+/// and the read of its inode (the kernel holds the directory's lock here; the pool has none):
+/// the name is then looked up again. `None`: the name is gone.
+fn victim_of(fs: &Fs, parent: u64, name: &[u8], entry: kura_fs::DirEntry) -> Result<Option<Inode>, i32> {
+    let mut ino = entry.ino;
+    for _ in 0..VICTIM_RETRIES_MAX {
+        match fs.getattr(ino) {
+            Ok(inode) => return Ok(Some(inode)),
+            Err(FsError::NotFound) => match fs.lookup(parent, name).map_err(fs_errno)? {
+                Some(now) => ino = now.ino,
+                None => return Ok(None),
+            },
+            Err(e) => return Err(fs_errno(e)),
+        }
+    }
+    Err(libc::EIO)
+}
+
 // ---------------------------------------------------------------------------------------
 // stat
 
@@ -266,10 +306,10 @@ fn stat_target(state: &State, dirfd: c_int, path: *const c_char, flags: c_int) -
     match classify(state, dirfd, p)? {
         Target::Kernel => Ok(None),
         Target::KernelAbs(abs) => Ok(Some(Err(abs))),
-        Target::Kura { start, rel, .. } => with_fs(state, |fs| match resolve(state, fs, start, &rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
-            Resolved::Found { entry, .. } => Ok(Some(Ok((fs.getattr(entry.ino).map_err(fs_errno)?, fs.chunk_size_bytes())))),
-            Resolved::Missing { .. } => Err(libc::ENOENT),
-            Resolved::Outside(abs) => Ok(Some(Err(c_path(&abs)))),
+        Target::Kura { start, rel, .. } => with_fs(state, |fs| match resolve_inode(state, fs, start, &rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
+            (Resolved::Found { .. }, Some(inode)) => Ok(Some(Ok((inode, fs.chunk_size_bytes())))),
+            (Resolved::Outside(abs), _) => Ok(Some(Err(c_path(&abs)))),
+            (Resolved::Found { .. } | Resolved::Missing { .. }, _) => Err(libc::ENOENT),
         }),
     }
 }
@@ -363,7 +403,8 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
     let excl = flags & libc::O_EXCL != 0;
     let accmode = flags & libc::O_ACCMODE;
     let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
-    let inode = match resolve(state, fs, start, rel, follow)? {
+    let (resolved, found) = resolve_inode(state, fs, start, rel, follow)?;
+    let inode = match resolved {
         Resolved::Outside(abs) => {
             let p = c_path(&abs);
             // SAFETY: a NUL-terminated path of ours and the caller's flags and mode.
@@ -380,11 +421,11 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
             let perm = mode & 0o7777 & !umask_now();
             fs.create(parent, &name, libc::S_IFREG | perm, 0, b"", owner(), excl).map_err(fs_errno)?.0
         }
-        Resolved::Found { entry, .. } => {
+        Resolved::Found { .. } => {
             if creat && excl {
                 return Err(libc::EEXIST);
             }
-            let inode = fs.getattr(entry.ino).map_err(fs_errno)?;
+            let inode = found.ok_or(libc::ENOENT)?;
             match inode.mode & libc::S_IFMT {
                 libc::S_IFLNK => return Err(libc::ELOOP),
                 libc::S_IFDIR => {
@@ -1205,7 +1246,8 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                         return Err(libc::EBUSY);
                     }
                     let dir = fs.getattr(parent).map_err(fs_errno)?;
-                    cred().check_delete(&dir, &fs.getattr(entry.ino).map_err(fs_errno)?).map_err(fs_errno)?;
+                    let victim = victim_of(fs, parent, &name, entry.clone())?.ok_or(libc::ENOENT)?;
+                    cred().check_delete(&dir, &victim).map_err(fs_errno)?;
                     if rmdir {
                         fs.rmdir(parent, &name).map_err(fs_errno)?;
                     } else {
@@ -1269,7 +1311,7 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             let cred = cred();
             let (sp, sname) = match resolve(state, fs, os, &orel, false)? {
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
-                    let victim = fs.getattr(entry.ino).map_err(fs_errno)?;
+                    let victim = victim_of(fs, parent, &name, entry)?.ok_or(libc::ENOENT)?;
                     cred.check_delete(&fs.getattr(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
                     (parent, name)
                 }
@@ -1279,8 +1321,14 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             };
             let (dp, dname) = match resolve(state, fs, ns, &nrel, false)? {
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
-                    let target = fs.getattr(entry.ino).map_err(fs_errno)?;
-                    cred.check_delete(&fs.getattr(parent).map_err(fs_errno)?, &target).map_err(fs_errno)?;
+                    // The target may be unlinked or replaced by another process meanwhile: the
+                    // rename then creates the name, or replaces the new file (which fs.rename
+                    // re-checks under its compare-and-swap).
+                    let dir = fs.getattr(parent).map_err(fs_errno)?;
+                    match victim_of(fs, parent, &name, entry)? {
+                        Some(target) => cred.check_delete(&dir, &target).map_err(fs_errno)?,
+                        None => cred.check_create(&dir).map_err(fs_errno)?,
+                    }
                     (parent, name)
                 }
                 Resolved::Found { .. } => return Err(libc::EBUSY),
@@ -1466,10 +1514,10 @@ extern "C" fn h_faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags:
             // SAFETY: passing the caller's arguments to the kernel (faccessat2 takes flags).
             unsafe { libc::syscall(libc::SYS_faccessat2, d, p, mode, flags) as c_int }
         };
-        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
-            Resolved::Found { entry, .. } => check_access(&fs.getattr(entry.ino).map_err(fs_errno)?, mode, flags & libc::AT_EACCESS != 0),
-            Resolved::Missing { .. } => Err(libc::ENOENT),
-            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_inode(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
+            (Resolved::Found { .. }, Some(inode)) => check_access(&inode, mode, flags & libc::AT_EACCESS != 0),
+            (Resolved::Outside(abs), _) => outside(&abs, &raw_call),
+            (Resolved::Found { .. } | Resolved::Missing { .. }, _) => Err(libc::ENOENT),
         })
     })
 }

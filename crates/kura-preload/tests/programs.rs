@@ -431,6 +431,90 @@ print("consistent", len(names) > 0)
     assert_eq!(env.run(&["python3", "-c", checker]), "consistent True\n");
 }
 
+/// Two processes rename files over one name as fast as they can while a third unlinks it:
+/// every rename succeeds. (The preload reads the old target's inode for its permission
+/// check; another process may have just replaced or removed that name and dropped the
+/// inode, which means "the target changed", never `ENOENT`.)
+#[test]
+fn renaming_over_a_name_others_replace_and_unlink_succeeds() {
+    let env = Env::new();
+    env.sh("mkdir /kura/hot");
+    let worker = r#"
+import os, sys, time
+me = sys.argv[1]
+if me == "unlinker":
+    while not os.path.exists("/kura/hot/go"):
+        time.sleep(0.001)
+    while len([n for n in os.listdir("/kura/hot") if n.startswith("done")]) < 2:
+        try:
+            os.unlink("/kura/hot/x")
+        except FileNotFoundError:
+            pass
+else:
+    tmps = []
+    for k in range(RENAMES):
+        tmps.append("/kura/hot/tmp-%s-%d" % (me, k))
+        with open(tmps[-1], "w") as f:
+            f.write(me)
+    open("/kura/hot/ready-" + me, "w").close()
+    while len([n for n in os.listdir("/kura/hot") if n.startswith("ready")]) < 2:
+        time.sleep(0.001)
+    open("/kura/hot/go", "a").close()
+    for tmp in tmps:
+        os.rename(tmp, "/kura/hot/x")
+    open("/kura/hot/done-" + me, "w").close()
+print("done", me)
+"#
+    .replace("RENAMES", "1000");
+    let spawn = |id: &str| env.command(&[], &["python3", "-c", &worker, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let workers = [spawn("a"), spawn("b"), spawn("unlinker")];
+    for child in workers {
+        let out = child.wait_with_output().unwrap();
+        check(&out, &["worker"]);
+    }
+    let left = env.run(&["python3", "-c", "import os; print(sorted(n for n in os.listdir('/kura/hot') if n.startswith(('x', 'tmp'))))"]);
+    assert!(left == "[]\n" || left == "['x']\n", "only the one name may be left: {left}");
+}
+
+/// The atomic-replace pattern (write a temporary file, rename it over the live name) as
+/// other processes see it: `stat`, `access` and `open` of the live name never fail while it
+/// is replaced again and again.
+#[test]
+fn readers_never_miss_a_name_another_process_renames_over() {
+    let env = Env::new();
+    env.sh("mkdir /kura/live && echo first > /kura/live/config");
+    let worker = r#"
+import os, sys
+me = sys.argv[1]
+if me == "writer":
+    tmps = []
+    for k in range(1000):
+        tmps.append("/kura/live/tmp-%d" % k)
+        with open(tmps[-1], "w") as f:
+            f.write("version %d\n" % k)
+    for tmp in tmps:
+        os.rename(tmp, "/kura/live/config")
+    open("/kura/live/done", "w").close()
+else:
+    reads = 0
+    while not os.path.exists("/kura/live/done"):
+        os.stat("/kura/live/config")
+        assert os.access("/kura/live/config", os.R_OK)
+        fd = os.open("/kura/live/config", os.O_RDONLY)
+        os.close(fd)
+        reads += 1
+    assert reads > 0
+print("done", me)
+"#;
+    let spawn = |id: &str| env.command(&[], &["python3", "-c", worker, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let workers = [spawn("reader"), spawn("reader"), spawn("writer")];
+    for child in workers {
+        let out = child.wait_with_output().unwrap();
+        check(&out, &["worker"]);
+    }
+    assert_eq!(env.run(&["cat", "/kura/live/config"]), "version 999\n");
+}
+
 #[test]
 fn a_full_pool_is_enospc_not_a_crash() {
     let env = Env::new();
