@@ -451,7 +451,7 @@ pub fn build(geo: &BlockGeometry, spec: &BuildSpec, records: &[RecordRef<'_>], i
     image[data_end..digests_offset].fill(0);
     let digests_len = digests_len_bytes(large.len(), geo.page_size);
     if digests_len > 0 {
-        let digests: Vec<(u64, u64)> = large.iter().map(|r| (r.hash.sort, r.hash.bloom)).collect();
+        let digests: Vec<(u64, u64)> = large.iter().map(|r| (r.hash.sort, crate::hash::key_digest(geo.store_id, r.key))).collect();
         let section = &mut image[digests_offset..digests_offset + digests_len];
         section.fill(0);
         encode_digests(spec.block_seq, &digests, section);
@@ -832,8 +832,14 @@ mod tests {
         let at = (offset - (1 << 20)) as usize;
         let large: Vec<&RecordRef<'_>> = refs.iter().filter(|r| !geo.is_small(r.key.len(), r.value.len())).collect();
         let digests = crate::format::decode_digests(&image[at..at + len], 9, large.len()).unwrap();
-        assert_eq!(digests, large.iter().map(|r| (r.hash.sort, r.hash.bloom)).collect::<Vec<_>>());
-        assert!(digests.windows(2).all(|w| w[0] <= w[1]), "digests are sorted");
+        assert_eq!(digests, large.iter().map(|r| (r.hash.sort, crate::hash::key_digest(geo.store_id, r.key))).collect::<Vec<_>>());
+        assert!(digests.windows(2).all(|w| w[0].0 <= w[1].0), "digests are sorted by key hash");
+        // The digest is keyed by the store's id: another store's digests of the same keys differ.
+        assert!(large.iter().all(|r| crate::hash::key_digest(geo.store_id, r.key) != crate::hash::key_digest(geo.store_id + 1, r.key)));
+        // The first layout's magic (unkeyed digests) is refused: such blocks are collected by reads.
+        let mut first_layout = image[at..at + len].to_vec();
+        first_layout[..4].copy_from_slice(b"KDG1");
+        assert_eq!(crate::format::decode_digests(&first_layout, 9, large.len()), Err(FormatError::BadMagic));
         // Another block's digests, a wrong count, a flipped bit: refused.
         assert!(crate::format::decode_digests(&image[at..at + len], 10, large.len()).is_err());
         assert!(crate::format::decode_digests(&image[at..at + len], 9, large.len() - 1).is_err());

@@ -348,7 +348,7 @@ struct GcScratch {
     digests: DigestCache,
 }
 
-/// One block's key digests (`sort`, `bloom`), sorted.
+/// One block's key digests (`KeyHash` `sort`, [`crate::hash::key_digest`]), sorted by `sort`.
 type Digests = Arc<[(u64, u64)]>;
 
 /// Key digests of sealed blocks, by (slot, block sequence number); `None` for a block whose
@@ -360,11 +360,12 @@ struct DigestCache {
 }
 
 impl DigestCache {
-    /// Whether block `b`'s digests (loaded) list `hash`; `None` if they are not loaded.
-    fn lists(&self, b: &BlockIndex, hash: &KeyHash) -> Option<bool> {
+    /// Whether block `b`'s digests (loaded) list the key of `hash` and keyed `digest`; `None`
+    /// if they are not loaded.
+    fn lists(&self, b: &BlockIndex, hash: &KeyHash, digest: u64) -> Option<bool> {
         let digests = self.blocks.get(&(b.slot, b.block_seq))?.as_ref()?;
         let from = digests.partition_point(|d| d.0 < hash.sort);
-        Some(digests[from..].iter().take_while(|d| d.0 == hash.sort).any(|d| d.1 == hash.bloom))
+        Some(digests[from..].iter().take_while(|d| d.0 == hash.sort).any(|d| d.1 == digest))
     }
 
     fn insert(&mut self, b: &BlockIndex, digests: Option<Vec<(u64, u64)>>) {
@@ -979,7 +980,8 @@ impl Inner {
         for (i, record) in records.iter().enumerate() {
             let spans = self.newer_spans(p, &record.hash, above);
             // A newer block whose digests list the key holds a version of it: no read needed.
-            if spans.iter().any(|(b, _)| digests.lists(b, &record.hash) == Some(true)) {
+            let digest = crate::hash::key_digest(self.sb.store_id, &record.key);
+            if spans.iter().any(|(b, _)| digests.lists(b, &record.hash, digest) == Some(true)) {
                 newer[i] = true;
                 self.counters.gc_digest_hits.fetch_add(1, Ordering::Relaxed);
                 continue;

@@ -51,7 +51,9 @@ pub const FOOTER_MAGIC: u32 = u32::from_le_bytes(*b"KFT1");
 pub const FOOTER_FREE_MAGIC: u32 = u32::from_le_bytes(*b"KFRE");
 pub const SUMMARY_MAGIC: u32 = u32::from_le_bytes(*b"KSM1");
 pub const JOURNAL_MAGIC: u32 = u32::from_le_bytes(*b"KJN1");
-pub const DIGESTS_MAGIC: u32 = u32::from_le_bytes(*b"KDG1");
+/// Key-digest sections with keyed digests. (`KDG1`, the first layout, held the unkeyed
+/// `KeyHash` halves; such sections are refused, so their blocks are collected by reads.)
+pub const DIGESTS_MAGIC: u32 = u32::from_le_bytes(*b"KDG2");
 
 pub const PAGE_HEADER_BYTES: usize = 32;
 pub const RECORD_HEADER_BYTES: usize = 16;
@@ -560,15 +562,19 @@ impl Footer {
     }
 }
 
-/// A block's key digests: the full 128-bit key hash (`KeyHash` `sort`, `bloom`) of each large
-/// record, in record order (sorted), between the data and the summary, page-aligned. Absent in
-/// blocks without large records and in blocks written before it existed: a block has it
-/// exactly when its summary starts [`digests_len_bytes`] past the page after its data. Only
-/// garbage collection reads it (never the reopen): a victim's record whose digest a newer
-/// block lists is superseded without reading that block's record.
+/// A block's key digests: for each large record, in record order (sorted), its `KeyHash`
+/// `sort` half and its keyed digest ([`crate::hash::key_digest`]: SipHash of the key under a
+/// key made from the store's random id), between the data and the summary, page-aligned.
+/// Absent in blocks without large records and in blocks written before it existed: a block
+/// has it exactly when its summary starts [`digests_len_bytes`] past the page after its data.
+/// Only garbage collection reads it (never the reopen): a victim's record whose digest a
+/// newer block lists is superseded without reading that block's record. The digest is keyed
+/// so that a client cannot choose a key whose digests equal another key's (xxh3, which
+/// places records, is fast but not collision-resistant) and so make the collector drop
+/// that key's live record.
 ///
 /// `magic u32 | crc u32 (of the rest of the section) | block_seq u64 | count u32 | 0 u32 |
-/// count × (sort u64, bloom u64)`, little-endian, zero-padded to the page.
+/// count × (sort u64, digest u64)`, little-endian, zero-padded to the page.
 ///
 /// Bytes of the section for `count` large records; 0 for none (no section).
 pub fn digests_len_bytes(count: usize, page_size: usize) -> usize {
@@ -582,8 +588,8 @@ pub fn digests_len_bytes(count: usize, page_size: usize) -> usize {
 pub fn encode_digests(block_seq: u64, digests: &[(u64, u64)], out: &mut [u8]) {
     let end = DIGESTS_HEADER_BYTES + DIGEST_BYTES * digests.len();
     Writer::at(out, 8).u64(block_seq).u32(digests.len() as u32).u32(0);
-    for (i, (sort, bloom)) in digests.iter().enumerate() {
-        Writer::at(out, DIGESTS_HEADER_BYTES + DIGEST_BYTES * i).u64(*sort).u64(*bloom);
+    for (i, (sort, digest)) in digests.iter().enumerate() {
+        Writer::at(out, DIGESTS_HEADER_BYTES + DIGEST_BYTES * i).u64(*sort).u64(*digest);
     }
     let sum = crc(&out[8..end]);
     Writer::new(out).u32(DIGESTS_MAGIC).u32(sum);

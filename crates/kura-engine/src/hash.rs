@@ -38,6 +38,20 @@ impl KeyHash {
     }
 }
 
+/// The second half of the key of [`key_digest`]'s SipHash (the first is the store's id).
+const KEY_DIGEST_SALT: u64 = 0x6b75_7261_2d64_6967; // "kura-dig"
+
+/// A key's digest in a block's key-digest section (`format::encode_digests`): SipHash-1-3
+/// under a key made of the store's random id, which never leaves the store file. With the
+/// `KeyHash` `sort` half beside it, two keys match only if they agree on 128 bits of which 64
+/// a client cannot compute.
+pub fn key_digest(store_id: u64, key: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(store_id, KEY_DIGEST_SALT);
+    h.write(key);
+    h.finish()
+}
+
 /// The `bits` most significant bits of `hash` (0 bits gives 0).
 pub fn truncate(hash: u64, bits: u32) -> u64 {
     if bits == 0 { 0 } else { hash >> (64 - bits.min(64)) }
