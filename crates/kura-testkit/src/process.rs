@@ -55,6 +55,35 @@ pub fn free_tcp_port() -> io::Result<u16> {
     Err(io::Error::new(io::ErrorKind::AddrInUse, "no fresh free TCP port"))
 }
 
+/// Times [`spawn_listening`] tries a fresh port when its server exits at start.
+const SPAWN_LISTENING_ATTEMPTS_MAX: usize = 5;
+/// How long a server that accepted a connection must stay up to count as started: one whose
+/// port another process took fails its bind and exits within this (the connection went to
+/// that other process).
+const SPAWN_LISTENING_GRACE_MS: u64 = 50;
+
+/// Starts a server on a free port of 127.0.0.1: `command(port)` builds its command line. Waits
+/// until the port accepts connections and the server is still running a moment later; a
+/// server that exited (its port was taken between [`free_tcp_port`] and its bind, and the
+/// connection went to whoever took it) is started again on another port.
+pub fn spawn_listening(name: &str, timeout: Duration, mut command: impl FnMut(u16) -> Command) -> io::Result<(ChildGuard, u16)> {
+    let mut why = String::new();
+    for _ in 0..SPAWN_LISTENING_ATTEMPTS_MAX {
+        let port = free_tcp_port()?;
+        let mut child = ChildGuard::spawn(name, &mut command(port))?;
+        let waited = wait_for_tcp(("127.0.0.1", port), timeout);
+        if waited.is_ok() {
+            thread::sleep(Duration::from_millis(SPAWN_LISTENING_GRACE_MS));
+        }
+        match (waited, child.try_wait()?) {
+            (Ok(()), None) => return Ok((child, port)),
+            (_, Some(status)) => why = format!("{name} exited at start on port {port} ({status}; port taken?)"),
+            (Err(e), None) => return Err(e),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, why))
+}
+
 /// Waits until something accepts TCP connections on `addr`, for at most `timeout`.
 ///
 /// A connection to a local port nobody listens on can succeed by connecting to itself (TCP

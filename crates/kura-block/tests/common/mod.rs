@@ -71,22 +71,26 @@ impl Backend {
 
     pub fn memcached() -> Result<Self, String> {
         let bin = require_cmd("memcached")?;
-        let port = free_tcp_port().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
-        cmd.args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "512", "-t", "2"]);
-        let child = ChildGuard::spawn("memcached", quiet(&mut cmd).stdout(Stdio::null())).map_err(|e| e.to_string())?;
-        wait_for_tcp(("127.0.0.1", port), START_TIMEOUT).map_err(|e| e.to_string())?;
+        let (child, port) = kura_testkit::spawn_listening("memcached", START_TIMEOUT, |port| {
+            let mut cmd = Command::new(&bin);
+            cmd.args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "512", "-t", "2"]);
+            quiet(&mut cmd).stdout(Stdio::null());
+            cmd
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Backend::Memcached { port, _child: child })
     }
 
     pub fn redis() -> Result<Self, String> {
         let bin = require_cmd("redis-server")?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let port = free_tcp_port().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir"]).arg(dir.path());
-        let child = ChildGuard::spawn("redis-server", quiet(&mut cmd).stdout(Stdio::null())).map_err(|e| e.to_string())?;
-        wait_for_tcp(("127.0.0.1", port), START_TIMEOUT).map_err(|e| e.to_string())?;
+        let (child, port) = kura_testkit::spawn_listening("redis-server", START_TIMEOUT, |port| {
+            let mut cmd = Command::new(&bin);
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir"]).arg(dir.path());
+            quiet(&mut cmd).stdout(Stdio::null());
+            cmd
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Backend::Redis { port, _child: child, _dir: dir })
     }
 

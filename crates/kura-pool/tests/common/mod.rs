@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kura_testkit::{ChildGuard, build_workspace_packages, free_tcp_port, require_cmd, wait_for_tcp};
+use kura_testkit::{ChildGuard, build_workspace_packages, free_tcp_port, require_cmd, spawn_listening, wait_for_tcp};
 
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -94,11 +94,13 @@ pub struct Memcached {
 impl Memcached {
     pub fn start() -> Result<Self, String> {
         let bin = require_cmd("memcached")?;
-        let port = free_tcp_port().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
-        cmd.args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "64", "-t", "1"]);
-        let child = ChildGuard::spawn("memcached", quiet(&mut cmd)).map_err(|e| e.to_string())?;
-        wait_for_tcp(("127.0.0.1", port), START_TIMEOUT).map_err(|e| e.to_string())?;
+        let (child, port) = spawn_listening("memcached", START_TIMEOUT, |port| {
+            let mut cmd = Command::new(&bin);
+            cmd.args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "64", "-t", "1"]);
+            quiet(&mut cmd);
+            cmd
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Self { port, _child: child })
     }
 
@@ -118,15 +120,17 @@ impl Redis {
     pub fn start(extra: &[&str]) -> Result<Self, String> {
         let bin = require_cmd("redis-server")?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let port = free_tcp_port().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
-        // Replicas sync at once (Redis 7 waits 5 s for more replicas before a diskless sync).
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .args(["--repl-diskless-sync-delay", "0", "--dir"])
-            .arg(dir.path())
-            .args(extra);
-        let child = ChildGuard::spawn("redis-server", quiet(&mut cmd)).map_err(|e| e.to_string())?;
-        wait_for_tcp(("127.0.0.1", port), START_TIMEOUT).map_err(|e| e.to_string())?;
+        let (child, port) = spawn_listening("redis-server", START_TIMEOUT, |port| {
+            let mut cmd = Command::new(&bin);
+            // Replicas sync at once (Redis 7 waits 5 s for more replicas before a diskless sync).
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .args(["--repl-diskless-sync-delay", "0", "--dir"])
+                .arg(dir.path())
+                .args(extra);
+            quiet(&mut cmd);
+            cmd
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Self { port, child: Some(child), _dir: dir })
     }
 

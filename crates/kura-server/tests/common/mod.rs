@@ -347,24 +347,25 @@ pub struct Memcached {
 impl Memcached {
     pub fn start(extra: &[&str]) -> Result<Self, String> {
         let bin = kura_testkit::require_cmd("memcached")?;
-        let port = free_tcp_port().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "-p",
-            &port.to_string(),
-            "-l",
-            "127.0.0.1",
-            "-U",
-            "0",
-            "-u",
-            "root",
-        ])
-        .args(extra);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = ChildGuard::spawn("memcached", &mut cmd).map_err(|e| e.to_string())?;
-        wait_for_tcp(("127.0.0.1", port), START_TIMEOUT).map_err(|e| e.to_string())?;
+        let (child, port) = kura_testkit::spawn_listening("memcached", START_TIMEOUT, |port| {
+            let mut cmd = Command::new(&bin);
+            cmd.args([
+                "-p",
+                &port.to_string(),
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-u",
+                "root",
+            ])
+            .args(extra);
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            cmd
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Self {
             port,
             _child: child,
