@@ -452,7 +452,7 @@ impl Fs {
         if !node.stale.load(Ordering::Acquire) {
             return Ok(());
         }
-        let (inode, _) = self.load_inode(node.ino)?;
+        let (inode, _) = self.load_inode(node.ino).map_err(|e| if e == FsError::NotFound { FsError::Stale } else { e })?;
         let mut inner = node.inner.lock();
         if node.stale.swap(false, Ordering::AcqRel) && inner.dirty == 0 && !inner.meta_dirty {
             inner.size = inode.size;
@@ -802,7 +802,19 @@ impl Fs {
                 inner.generation = inode.generation;
                 Ok(())
             }
-            Err(FsError::NotFound) => Ok(()), // deleted meanwhile
+            Err(FsError::NotFound) => {
+                // Another process removed the file while this one wrote to it: the data is
+                // gone with the file (as at the last close of an unlinked file), and the
+                // chunks just written would otherwise stay in the pool for good. Inode numbers
+                // are never reused, so no other file owns these keys.
+                drop(inner);
+                let chunks = size.div_ceil(self.chunk as u64).max(self.local_chunk_count(node.ino));
+                let keys: Vec<Vec<u8>> = (0..chunks).map(|i| self.keys.chunk(node.ino, i)).collect();
+                if let Err(error) = self.kv.delete_many(&keys) {
+                    tracing::warn!(ino = node.ino, %error, "could not delete the chunks written to a removed file");
+                }
+                Ok(())
+            }
             Err(e) => {
                 inner.meta_dirty = true;
                 inner.mtime_ns = inner.mtime_ns.or(mtime);

@@ -32,6 +32,10 @@ pub enum FsError {
     Busy,
     #[error("operation not supported")]
     NotSupported,
+    /// An open file's inode is gone: another process removed the file's last name (this
+    /// process's own unlinked open files stay readable until their last close).
+    #[error("stale file handle: another process removed the file")]
+    Stale,
     /// The pool refused a write because live data fills it.
     #[error("no space left in the pool")]
     NoSpace,
@@ -61,6 +65,7 @@ impl FsError {
             FsError::Access => libc::EACCES,
             FsError::Busy => libc::EBUSY,
             FsError::NotSupported => libc::EOPNOTSUPP,
+            FsError::Stale => libc::ESTALE,
             FsError::NoSpace => libc::ENOSPC,
             FsError::Io(_) | FsError::Corrupt { .. } => libc::EIO,
         }

@@ -256,6 +256,12 @@ impl Fs {
         Ok(inode)
     }
 
+    /// [`Fs::getattr`] of a file this process has open: its inode being gone means another
+    /// process removed the file (`ESTALE`, as NFS reports it), not that a name is missing.
+    pub fn getattr_open(&self, ino: u64) -> Result<Inode> {
+        self.getattr(ino).map_err(|e| if e == FsError::NotFound { FsError::Stale } else { e })
+    }
+
     fn dir_inode(&self, dir: u64) -> Result<Inode> {
         let (inode, _) = self.load_inode(dir)?;
         if !is_dir(inode.mode) {

@@ -180,7 +180,7 @@ fn node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>,
 
 #[cold]
 fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>, i32> {
-    let inode = fs.getattr(of.ino).map_err(fs_errno)?;
+    let inode = fs.getattr_open(of.ino).map_err(fs_errno)?;
     Ok(of.set_node(fs.open_node(&inode)))
 }
 
@@ -298,7 +298,7 @@ fn stat_target(state: &State, dirfd: c_int, path: *const c_char, flags: c_int) -
         if flags & libc::AT_EMPTY_PATH != 0
             && let Some(of) = state.fds.get(dirfd)
         {
-            return with_fs(state, |fs| Ok(Some(Ok((fs.getattr(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes())))));
+            return with_fs(state, |fs| Ok(Some(Ok((fs.getattr_open(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes())))));
         }
         return Ok(None);
     }
@@ -347,7 +347,7 @@ extern "C" fn h_fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
             && let Some(of) = state.fds.get(fd)
         {
             return ret_int(with_fs(state, |fs| {
-                fill_stat(buf, &fs.getattr(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes());
+                fill_stat(buf, &fs.getattr_open(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes());
                 Ok(0)
             }));
         }

@@ -515,6 +515,69 @@ print("done", me)
     assert_eq!(env.run(&["cat", "/kura/live/config"]), "version 999\n");
 }
 
+/// Another process removes a file this one has open. Reads and `fstat` of the open
+/// descriptor then give the old data (what this process had cached) or fail with `ESTALE`,
+/// never other bytes and never `ENOENT`; what this process had buffered for it is dropped
+/// with the file, leaving no chunks behind in the pool, and later writes fail with `ESTALE`.
+#[test]
+fn a_file_another_process_removes_is_stale_not_wrong_and_leaves_nothing() {
+    let env = Env::new();
+    let script = r#"
+import errno, json, os, socket, subprocess, sys
+kura, data = sys.argv[1], sys.argv[2]
+def other(cmd):
+    r = subprocess.run([kura, "fs", "run", "--data-dir", data, "--", "sh", "-c", cmd], capture_output=True)
+    assert r.returncode == 0, r.stderr
+def items():
+    port = json.load(open(os.path.join(data, "server.json")))["port"]
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"stats\r\n")
+    text = b""
+    while not text.endswith(b"END\r\n"):
+        text += s.recv(65536)
+    return int([l for l in text.split(b"\r\n") if l.startswith(b"STAT curr_items ")][0].split()[2])
+
+other("head -c 300000 /dev/zero | tr '\\0' A > /kura/f")
+fd = os.open("/kura/f", os.O_RDONLY)
+assert os.pread(fd, 10, 0) == b"A" * 10
+other("echo new > /kura/g && mv /kura/g /kura/f")
+for off in (0, 4096, 150000, 290000):
+    try:
+        got = os.pread(fd, 10, off)
+        assert got == b"A" * 10, (off, got)
+    except OSError as e:
+        assert e.errno == errno.ESTALE, (off, e)
+try:
+    os.fstat(fd)
+except OSError as e:
+    assert e.errno == errno.ESTALE, e
+os.close(fd)
+assert open("/kura/f").read() == "new\n"
+
+# Buffered data of a file another process removes: written back into the pool and then
+# deleted with the file, not left behind; later writes fail with ESTALE.
+fd = os.open("/kura/w", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"x" * (1 << 20))
+other("rm /kura/w")
+after_rm = items()
+try:
+    os.fsync(fd)
+except OSError as e:
+    assert e.errno == errno.ESTALE, e
+try:
+    os.pwrite(fd, b"y" * 4096, 1 << 20)
+except OSError as e:
+    assert e.errno == errno.ESTALE, e
+os.close(fd)
+assert items() == after_rm, ("chunks left behind", after_rm, items())
+assert not os.path.exists("/kura/w")
+print("ok")
+"#;
+    let kura = common::kura();
+    let data = env.data_dir();
+    assert_eq!(env.run(&["python3", "-c", script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
+}
+
 #[test]
 fn a_full_pool_is_enospc_not_a_crash() {
     let env = Env::new();
