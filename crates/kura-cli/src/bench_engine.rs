@@ -78,6 +78,12 @@ pub struct EngineBenchArgs {
     /// Skip the fio anchors (the JSON then lacks them).
     #[arg(long)]
     skip_fio: bool,
+    /// Let a lookup with more than one candidate page read the next one beside the first
+    /// (the engine's companion read, `GetPlan::companion_read`): one more read when the first
+    /// page holds the key, one read time instead of two when it does not. Off by default, as
+    /// in kura's server and pool, which read candidates one after another.
+    #[arg(long)]
+    companion_reads: bool,
 }
 
 /// Random bytes values are sliced from, so values are incompressible and checkable.
@@ -155,6 +161,7 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
         "value_size_bytes": args.value_size,
         "distribution": args.distribution.to_string(),
         "queue_depth": args.queue_depth,
+        "companion_reads": args.companion_reads,
         "threads": threads,
         "blocks": stats.blocks_used,
         "partitions": stats.partitions,
@@ -283,7 +290,7 @@ fn read_phase(engine: &Engine, args: &EngineBenchArgs, threads: usize, duration:
                 let chooser = args.distribution.chooser(args.keys, 0);
                 scope.spawn(move || {
                     let chooser = chooser?;
-                    reads_on_one_thread(&engine, depth, duration, lookup, chooser, args.keys, id as u64)
+                    reads_on_one_thread(&engine, args, depth, duration, lookup, chooser, id as u64)
                 })
             })
             .collect();
@@ -316,18 +323,37 @@ struct InFlight {
     plan: GetPlan,
     started: Instant,
     key: u64,
+    /// The bytes of the read the lookup asked for, once read.
+    primary: Option<AlignedBuf>,
+    /// Its companion read ([`GetPlan::companion_read`]), issued beside it: `Some(None)` while
+    /// it is in flight.
+    companion: Option<Option<AlignedBuf>>,
+}
+
+/// Reads of one lookup: its own (token `2 × slot`) and its companion (`2 × slot + 1`).
+fn issue(queue: &mut Box<dyn kura_engine::device::IoQueue>, slot: usize, inflight: &mut InFlight, offset_bytes: u64, len_bytes: usize, companions: bool) -> anyhow::Result<()> {
+    queue.submit_read(offset_bytes, AlignedBuf::zeroed(len_bytes), 2 * slot as u64)?;
+    inflight.primary = None;
+    inflight.companion = None;
+    if let Some((offset, len)) = inflight.plan.companion_read().filter(|_| companions) {
+        queue.submit_read(offset, AlignedBuf::zeroed(len), 2 * slot as u64 + 1)?;
+        inflight.companion = Some(None);
+    }
+    Ok(())
 }
 
 fn reads_on_one_thread(
     engine: &Engine,
+    args: &EngineBenchArgs,
     depth: usize,
     duration: Duration,
     lookup: Lookup,
     mut chooser: Box<dyn kura_bench::dist::KeyChooser>,
-    keys: u64,
     seed: u64,
 ) -> anyhow::Result<ThreadReads> {
-    let mut queue = kura_engine::device::io_queue(engine.device(), depth);
+    let (keys, companions) = (args.keys, args.companion_reads);
+    // Room for every lookup's read and its companion.
+    let mut queue = kura_engine::device::io_queue(engine.device(), 2 * depth);
     let mut rng = StdRng::seed_from_u64(0x5eed ^ seed);
     let mut slots: Vec<Option<InFlight>> = (0..depth).map(|_| None).collect();
     let mut out = ThreadReads { ops: 0, hist: LatencyHist::micros(), wrong_values: 0, missing: 0 };
@@ -356,8 +382,9 @@ fn reads_on_one_thread(
             match step {
                 GetStep::Done(item) => finish(key, started, item, out),
                 GetStep::Read { offset_bytes, len_bytes } => {
-                    queue.submit_read(offset_bytes, AlignedBuf::zeroed(len_bytes), slot as u64)?;
-                    slots[slot] = Some(InFlight { plan, started, key });
+                    let mut inflight = InFlight { plan, started, key, primary: None, companion: None };
+                    issue(queue, slot, &mut inflight, offset_bytes, len_bytes, companions)?;
+                    slots[slot] = Some(inflight);
                     return Ok(());
                 }
             }
@@ -370,16 +397,32 @@ fn reads_on_one_thread(
     while queue.in_flight() > 0 {
         queue.wait(1, &mut done)?;
         for completion in done.drain(..) {
-            let slot = completion.token as usize;
+            let slot = (completion.token / 2) as usize;
             let mut inflight = slots[slot].take().expect("completion for an idle slot");
             completion.result.context("read")?;
-            match engine.get_continue(&mut inflight.plan, completion.buf)? {
+            if completion.token % 2 == 0 {
+                inflight.primary = Some(completion.buf);
+            } else {
+                inflight.companion = Some(Some(completion.buf));
+            }
+            // A lookup goes on when its read and its companion (if any) are both back.
+            let ready = inflight.primary.is_some() && !matches!(inflight.companion, Some(None));
+            if !ready {
+                slots[slot] = Some(inflight);
+                continue;
+            }
+            let primary = inflight.primary.take().expect("checked");
+            let step = match inflight.companion.take() {
+                Some(Some(companion)) => engine.get_continue_with(&mut inflight.plan, primary, companion)?,
+                _ => engine.get_continue(&mut inflight.plan, primary)?,
+            };
+            match step {
                 GetStep::Done(item) => {
                     finish(inflight.key, inflight.started, item, &mut out);
                     start(slot, &mut slots, &mut queue, &mut out)?;
                 }
                 GetStep::Read { offset_bytes, len_bytes } => {
-                    queue.submit_read(offset_bytes, AlignedBuf::zeroed(len_bytes), slot as u64)?;
+                    issue(&mut queue, slot, &mut inflight, offset_bytes, len_bytes, companions)?;
                     slots[slot] = Some(inflight);
                 }
             }

@@ -150,6 +150,51 @@ pub struct GetPlan {
     spans: Vec<Span>,
     next_span: usize,
     restarts: u32,
+    /// The bytes of the span after the current one, read by the caller beside the current
+    /// one ([`Engine::get_continue_with`]): (candidate index, span index, bytes).
+    prefetched: Option<(usize, usize, AlignedBuf)>,
+}
+
+impl GetPlan {
+    /// The read after the one just asked for, if the lookup has one: the next candidate page
+    /// (of this block or the next candidate block), which the lookup reads only if the
+    /// current one does not hold the key. A caller that reads it at the same time and hands
+    /// both to [`Engine::get_continue_with`] turns a lookup's two reads one after the other
+    /// into two at once, at the cost of reading it when it was not needed. `None` after
+    /// [`GetStep::Done`] and when the current read is the lookup's last candidate.
+    pub fn companion_read(&self) -> Option<(u64, usize)> {
+        let (block, span) = self.companion_position()?;
+        let view = self.view.as_ref()?;
+        let span = if block + 1 == self.next_block {
+            self.spans[span]
+        } else {
+            let mut spans = Vec::new();
+            Inner::view_block(view, self.candidates[block]).locate(&self.hash, &mut spans);
+            *spans.first()?
+        };
+        Some((span.offset_bytes, span.len_bytes as usize))
+    }
+
+    /// (candidate index, span index) of the read after the current one.
+    fn companion_position(&self) -> Option<(usize, usize)> {
+        if self.next_block == 0 || self.next_span >= self.spans.len() {
+            return None;
+        }
+        if self.next_span + 1 < self.spans.len() {
+            return Some((self.next_block - 1, self.next_span + 1));
+        }
+        let view = self.view.as_ref()?;
+        // The next candidate block with a span for the key (most have none: their page index
+        // rules the key out).
+        let mut spans = Vec::new();
+        for (i, &id) in self.candidates.iter().enumerate().skip(self.next_block) {
+            Inner::view_block(view, id).locate(&self.hash, &mut spans);
+            if !spans.is_empty() {
+                return Some((i, 0));
+            }
+        }
+        None
+    }
 }
 
 /// What a lookup needs next.
@@ -514,6 +559,16 @@ impl Engine {
         self.inner.advance(plan, buf)
     }
 
+    /// [`Engine::get_continue`] with, beside the bytes of the read the lookup asked for, those
+    /// of its [`GetPlan::companion_read`] (read at the same time); the lookup uses them if it
+    /// gets that far instead of asking for the read again.
+    pub fn get_continue_with(&self, plan: &mut GetPlan, buf: AlignedBuf, companion: AlignedBuf) -> Result<GetStep> {
+        self.inner.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.flash_read_bytes.fetch_add(companion.len() as u64, Ordering::Relaxed);
+        plan.prefetched = plan.companion_position().map(|(block, span)| (block, span, companion));
+        self.inner.advance(plan, buf)
+    }
+
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
         match self.write(key, value, RecordKind::Put, Condition::Always)? {
             WriteOutcome::Written { version } => Ok(version),
@@ -843,7 +898,7 @@ impl Inner {
     fn get_start(&self, key: &[u8]) -> Result<(GetPlan, GetStep)> {
         self.check_key(key)?;
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
-        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), view: None, candidates: Vec::new(), next_block: 0, spans: Vec::new(), next_span: 0, restarts: 0 };
+        let mut plan = GetPlan { key: key.to_vec(), hash: KeyHash::of(key), view: None, candidates: Vec::new(), next_block: 0, spans: Vec::new(), next_span: 0, restarts: 0, prefetched: None };
         let step = self.plan(&mut plan);
         Ok((plan, step))
     }
@@ -851,6 +906,7 @@ impl Inner {
     /// Looks in the write buffers, then asks the Bloom Filter Map for candidate blocks.
     fn plan(&self, plan: &mut GetPlan) -> GetStep {
         plan.view = None;
+        plan.prefetched = None;
         plan.candidates.clear();
         plan.spans.clear();
         (plan.next_block, plan.next_span) = (0, 0);
@@ -899,12 +955,20 @@ impl Inner {
     }
 
     fn advance(&self, plan: &mut GetPlan, buf: AlignedBuf) -> Result<GetStep> {
+        self.advance_counted(plan, buf, true)
+    }
+
+    /// `count`: whether `buf` is a read not yet counted (a companion read was counted when
+    /// it was handed over).
+    fn advance_counted(&self, plan: &mut GetPlan, buf: AlignedBuf, count: bool) -> Result<GetStep> {
         let span = *plan.spans.get(plan.next_span).expect("get_continue called after Done");
         let view = plan.view.as_ref().expect("get_continue called after Done");
         let block = Self::view_block(view, plan.candidates[plan.next_block - 1]);
         let (block_seq, retired) = (block.block_seq, block.retired.load(Ordering::Acquire));
-        self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.flash_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        if count {
+            self.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
+            self.counters.flash_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        }
         assert_eq!(buf.len(), span.len_bytes as usize, "read length differs from the span asked for");
         match block::find_in_span(&span, &buf, self.sb.store_id, block_seq, &plan.key) {
             Ok(SpanLookup::Found { version, kind, value_start, value_len }) => {
@@ -913,7 +977,17 @@ impl Inner {
             }
             Ok(SpanLookup::NotHere) => {
                 plan.next_span += 1;
-                Ok(self.next_read(plan))
+                let step = self.next_read(plan);
+                // The caller already read the next page: go on with it.
+                if let GetStep::Read { .. } = step
+                    && let Some((block, span, buf)) = plan.prefetched.take()
+                    && block + 1 == plan.next_block
+                    && span == plan.next_span
+                {
+                    return self.advance_counted(plan, buf, false);
+                }
+                plan.prefetched = None;
+                Ok(step)
             }
             Err(SpanError::Stale) => self.restart(plan),
             Err(SpanError::Corrupt(_)) if retired => self.restart(plan),

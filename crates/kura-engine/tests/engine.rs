@@ -424,3 +424,63 @@ fn real_file_round_trip_and_reopen() {
     std::fs::OpenOptions::new().write(true).open(&truncated).unwrap().set_len(1 << 20).unwrap();
     assert!(matches!(Engine::open(&truncated, &cfg), Err(Error::Corrupt { .. })));
 }
+
+/// Lookups that read their companion page beside the one they ask for
+/// (`GetPlan::companion_read`, `Engine::get_continue_with`) answer exactly as the model says,
+/// newest version first, tombstones included, and misses stay misses; with a small index
+/// budget many lookups have a companion, and some use it.
+#[test]
+fn companion_reads_answer_as_plain_lookups() {
+    let dev = sim(64 << 20);
+    let mut cfg = config(Mode::Store);
+    cfg.index_bits_per_key = 4;
+    cfg.fingerprint_bits = 2;
+    let engine = create(&dev, &cfg);
+    let mut model = BTreeMap::new();
+    for round in 0..3u32 {
+        for i in 0..2000u32 {
+            let v = value_for(i, round, [100, 1000, 5000][(i % 3) as usize]);
+            engine.put(&key(i), &v).unwrap();
+            model.insert(i, v);
+        }
+        for i in (round..2000u32).step_by(5) {
+            engine.delete(&key(i)).unwrap();
+            model.remove(&i);
+        }
+    }
+    engine.sync().unwrap();
+    let read = |offset: u64, len: usize| {
+        let mut buf = kura_engine::AlignedBuf::zeroed(len);
+        dev.read_at(offset, &mut buf).unwrap();
+        buf
+    };
+    // The same lookups with and without companion reads: the same answers, and fewer reads
+    // asked for with them (a companion that was needed is not asked for again).
+    let mut asked = [0u32; 2];
+    let mut offered = 0u32;
+    for (with, asked) in [false, true].into_iter().zip(asked.iter_mut()) {
+        for i in 0..2500u32 {
+            let (mut plan, mut step) = engine.get_start(&key(i)).unwrap();
+            let got = loop {
+                match step {
+                    kura_engine::GetStep::Done(item) => break item.map(|item| item.into_vec()),
+                    kura_engine::GetStep::Read { offset_bytes, len_bytes } => {
+                        *asked += 1;
+                        let buf = read(offset_bytes, len_bytes);
+                        step = match plan.companion_read().filter(|_| with) {
+                            Some((offset, len)) => {
+                                offered += 1;
+                                engine.get_continue_with(&mut plan, buf, read(offset, len))
+                            }
+                            None => engine.get_continue(&mut plan, buf),
+                        }
+                        .unwrap();
+                    }
+                }
+            };
+            assert_eq!(got.as_ref(), model.get(&i), "key {i}, companion reads {with}");
+        }
+    }
+    assert!(offered > 100, "only {offered} lookups had a companion read");
+    assert!(asked[1] < asked[0], "reads asked for: {} with companions, {} without", asked[1], asked[0]);
+}
