@@ -150,9 +150,9 @@ pub struct GetPlan {
     spans: Vec<Span>,
     next_span: usize,
     restarts: u32,
-    /// The bytes of the span after the current one, read by the caller beside the current
-    /// one ([`Engine::get_continue_with`]): (candidate index, span index, bytes).
-    prefetched: Option<(usize, usize, AlignedBuf)>,
+    /// The bytes of the read after the current one, read by the caller beside it
+    /// ([`Engine::get_continue_with`]): (device offset, bytes).
+    prefetched: Option<(u64, AlignedBuf)>,
 }
 
 impl GetPlan {
@@ -163,37 +163,26 @@ impl GetPlan {
     /// into two at once, at the cost of reading it when it was not needed. `None` after
     /// [`GetStep::Done`] and when the current read is the lookup's last candidate.
     pub fn companion_read(&self) -> Option<(u64, usize)> {
-        let (block, span) = self.companion_position()?;
-        let view = self.view.as_ref()?;
-        let span = if block + 1 == self.next_block {
-            self.spans[span]
-        } else {
-            let mut spans = Vec::new();
-            Inner::view_block(view, self.candidates[block]).locate(&self.hash, &mut spans);
-            *spans.first()?
-        };
-        Some((span.offset_bytes, span.len_bytes as usize))
-    }
-
-    /// (candidate index, span index) of the read after the current one.
-    fn companion_position(&self) -> Option<(usize, usize)> {
         if self.next_block == 0 || self.next_span >= self.spans.len() {
             return None;
         }
-        if self.next_span + 1 < self.spans.len() {
-            return Some((self.next_block - 1, self.next_span + 1));
-        }
-        let view = self.view.as_ref()?;
-        // The next candidate block with a span for the key (most have none: their page index
-        // rules the key out).
-        let mut spans = Vec::new();
-        for (i, &id) in self.candidates.iter().enumerate().skip(self.next_block) {
-            Inner::view_block(view, id).locate(&self.hash, &mut spans);
-            if !spans.is_empty() {
-                return Some((i, 0));
+        let span = match self.spans.get(self.next_span + 1) {
+            Some(&span) => span,
+            None => {
+                // The first span of the next candidate block that has one (most have none:
+                // their page index rules the key out).
+                let view = self.view.as_ref()?;
+                let mut spans = Vec::new();
+                let mut rest = self.candidates[self.next_block..].iter();
+                loop {
+                    Inner::view_block(view, *rest.next()?).locate(&self.hash, &mut spans);
+                    if let Some(&first) = spans.first() {
+                        break first;
+                    }
+                }
             }
-        }
-        None
+        };
+        Some((span.offset_bytes, span.len_bytes as usize))
     }
 }
 
@@ -565,7 +554,7 @@ impl Engine {
     pub fn get_continue_with(&self, plan: &mut GetPlan, buf: AlignedBuf, companion: AlignedBuf) -> Result<GetStep> {
         self.inner.counters.flash_reads.fetch_add(1, Ordering::Relaxed);
         self.inner.counters.flash_read_bytes.fetch_add(companion.len() as u64, Ordering::Relaxed);
-        plan.prefetched = plan.companion_position().map(|(block, span)| (block, span, companion));
+        plan.prefetched = plan.companion_read().map(|(offset, _)| (offset, companion));
         self.inner.advance(plan, buf)
     }
 
@@ -979,14 +968,11 @@ impl Inner {
                 plan.next_span += 1;
                 let step = self.next_read(plan);
                 // The caller already read the next page: go on with it.
-                if let GetStep::Read { .. } = step
-                    && let Some((block, span, buf)) = plan.prefetched.take()
-                    && block + 1 == plan.next_block
-                    && span == plan.next_span
+                if let (GetStep::Read { offset_bytes, .. }, Some((offset, buf))) = (&step, plan.prefetched.take())
+                    && *offset_bytes == offset
                 {
                     return self.advance_counted(plan, buf, false);
                 }
-                plan.prefetched = None;
                 Ok(step)
             }
             Err(SpanError::Stale) => self.restart(plan),
