@@ -194,7 +194,7 @@ pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_las
 /// is then resolved again, so that a reader sees the old file or the new one, never `ENOENT`
 /// for a name that always existed. The inode comes with `Found` and only with it.
 pub(crate) fn resolve_inode(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<(Resolved, Option<Inode>), i32> {
-    for _ in 0..VICTIM_RETRIES_MAX {
+    for _ in 0..RESOLVE_RETRIES_MAX {
         let resolved = resolve(state, fs, start, rel, follow_last)?;
         let Resolved::Found { entry, .. } = &resolved else { return Ok((resolved, None)) };
         match fs.getattr(entry.ino) {
@@ -206,27 +206,20 @@ pub(crate) fn resolve_inode(state: &State, fs: &Fs, start: u64, rel: &[u8], foll
     Err(libc::EIO)
 }
 
-/// Times a name's inode may vanish between looking the name up and reading the inode (another
-/// process unlinked or replaced it) before the operation gives up with `EIO`.
-const VICTIM_RETRIES_MAX: u32 = 1000;
+/// Times [`resolve_inode`] resolves a path again after the inode it named vanished (another
+/// process unlinked or replaced it) before it gives up with `EIO`.
+const RESOLVE_RETRIES_MAX: u32 = 1000;
 
 /// The inode that `parent/name` (looked up as `entry`) names, for the permission checks of a
 /// removal or a rename. Another process may remove or replace the name between the lookup
 /// and the read of its inode (the kernel holds the directory's lock here; the pool has none):
-/// the name is then looked up again. `None`: the name is gone.
+/// the name is then looked up again ([`Fs::lookup_inode`]). `None`: the name is gone.
 fn victim_of(fs: &Fs, parent: u64, name: &[u8], entry: kura_fs::DirEntry) -> Result<Option<Inode>, i32> {
-    let mut ino = entry.ino;
-    for _ in 0..VICTIM_RETRIES_MAX {
-        match fs.getattr(ino) {
-            Ok(inode) => return Ok(Some(inode)),
-            Err(FsError::NotFound) => match fs.lookup(parent, name).map_err(fs_errno)? {
-                Some(now) => ino = now.ino,
-                None => return Ok(None),
-            },
-            Err(e) => return Err(fs_errno(e)),
-        }
+    match fs.getattr(entry.ino) {
+        Ok(inode) => Ok(Some(inode)),
+        Err(FsError::NotFound) => Ok(fs.lookup_inode(parent, name).map_err(fs_errno)?.map(|(_, inode)| inode)),
+        Err(e) => Err(fs_errno(e)),
     }
-    Err(libc::EIO)
 }
 
 // ---------------------------------------------------------------------------------------
