@@ -371,6 +371,15 @@ while True:
     assert_eq!(env.run(&["python3", "-c", &check_script]), "ok True\n");
 }
 
+/// Runs the Python `script` under the preload once per id (its `sys.argv[1]`), all at once;
+/// each must succeed.
+fn run_at_once(env: &Env, script: &str, ids: &[&str]) {
+    let workers: Vec<_> = ids.iter().map(|id| env.command(&[], &["python3", "-c", script, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()).collect();
+    for child in workers {
+        check(&child.wait_with_output().unwrap(), &["worker"]);
+    }
+}
+
 /// Two processes create, rename over and delete names in one directory at once; afterwards
 /// every entry resolves, names are unique, link counts add up, contents match.
 #[test]
@@ -403,13 +412,7 @@ for k in range(250):
                 assert e.errno in (errno.ENOENT, errno.ENOTEMPTY), e
 print("done", me)
 "#;
-    let spawn = |id: &str| env.command(&[], &["python3", "-c", worker, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let a = spawn("a");
-    let b = spawn("b");
-    for child in [a, b] {
-        let out = child.wait_with_output().unwrap();
-        check(&out, &["worker"]);
-    }
+    run_at_once(&env, worker, &["a", "b"]);
     let checker = r#"
 import os, re
 names = os.listdir("/kura/shared")
@@ -466,12 +469,7 @@ else:
 print("done", me)
 "#
     .replace("RENAMES", "1000");
-    let spawn = |id: &str| env.command(&[], &["python3", "-c", &worker, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let workers = [spawn("a"), spawn("b"), spawn("unlinker")];
-    for child in workers {
-        let out = child.wait_with_output().unwrap();
-        check(&out, &["worker"]);
-    }
+    run_at_once(&env, &worker, &["a", "b", "unlinker"]);
     let left = env.run(&["python3", "-c", "import os; print(sorted(n for n in os.listdir('/kura/hot') if n.startswith(('x', 'tmp'))))"]);
     assert!(left == "[]\n" || left == "['x']\n", "only the one name may be left: {left}");
 }
@@ -506,12 +504,7 @@ else:
     assert reads > 0
 print("done", me)
 "#;
-    let spawn = |id: &str| env.command(&[], &["python3", "-c", worker, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let workers = [spawn("reader"), spawn("reader"), spawn("writer")];
-    for child in workers {
-        let out = child.wait_with_output().unwrap();
-        check(&out, &["worker"]);
-    }
+    run_at_once(&env, worker, &["reader", "reader", "writer"]);
     assert_eq!(env.run(&["cat", "/kura/live/config"]), "version 999\n");
 }
 

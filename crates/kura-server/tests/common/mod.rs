@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use kura_testkit::{ChildGuard, free_tcp_port, wait_for_tcp};
+use kura_testkit::ChildGuard;
 
 pub const SERVER_BIN: &str = env!("CARGO_BIN_EXE_kura-server");
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,16 +23,6 @@ pub struct Kura {
     _tmp: Option<tempfile::TempDir>,
     args: Vec<String>,
 }
-
-/// Why a server did not come up: it exited (worth another port), or it is running and does
-/// not answer (a failure).
-enum Launch {
-    Exited(String),
-    Failed(String),
-}
-
-/// Ports tried before a server that exits at start fails the test.
-const LAUNCH_ATTEMPTS_MAX: usize = 3;
 
 /// Arguments every test server gets unless it says otherwise: a small store
 /// and item limit so stores are quick to create.
@@ -61,48 +51,24 @@ impl Kura {
         self.dir.join("store.kura")
     }
 
+    /// Starts the server on a free port (another one if that port was taken meanwhile, see
+    /// `kura_testkit::spawn_listening`).
     fn launch(&mut self) {
-        // A port handed out free can be taken (as another socket's ephemeral source port)
-        // before the server binds it: then the server exits at once and we try another.
-        let mut exited = String::new();
-        for _ in 0..LAUNCH_ATTEMPTS_MAX {
-            match self.try_launch() {
-                Ok(()) => return,
-                Err(Launch::Exited(e)) => exited = e,
-                Err(Launch::Failed(e)) => panic!("{e}"),
-            }
-        }
-        panic!("{exited}");
-    }
-
-    fn try_launch(&mut self) -> Result<(), Launch> {
-        let port = free_tcp_port().expect("free port");
-        let mut cmd = Command::new(SERVER_BIN);
-        cmd.args(["-p", &port.to_string(), "--path"])
-            .arg(self.store_path())
-            .args(&self.args);
-        cmd.env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        );
-        cmd.stdin(Stdio::null());
-        let child = ChildGuard::spawn("kura-server", &mut cmd).expect("start kura-server");
+        let (child, port) = kura_testkit::spawn_listening("kura-server", START_TIMEOUT, |port| {
+            let mut cmd = Command::new(SERVER_BIN);
+            cmd.args(["-p", &port.to_string(), "--path"])
+                .arg(self.store_path())
+                .args(&self.args);
+            cmd.env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
+            cmd.stdin(Stdio::null());
+            cmd
+        })
+        .unwrap_or_else(|e| panic!("kura-server did not start: {e}"));
         self.child = Some(child);
         self.port = port;
-        let waited = wait_for_tcp(("127.0.0.1", port), START_TIMEOUT);
-        let status = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten());
-        let failure = format!("kura-server did not start on {port}: {waited:?} (exit: {status:?})");
-        match (waited, status) {
-            (Ok(()), None) => Ok(()),
-            (_, Some(_)) => {
-                self.child = None;
-                Err(Launch::Exited(failure))
-            }
-            (Err(_), None) => Err(Launch::Failed(failure)),
-        }
     }
 
     /// SIGTERM, and wait for a clean exit.
