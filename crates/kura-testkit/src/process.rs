@@ -57,31 +57,58 @@ pub fn free_tcp_port() -> io::Result<u16> {
 
 /// Times [`spawn_listening`] tries a fresh port when its server exits at start.
 const SPAWN_LISTENING_ATTEMPTS_MAX: usize = 5;
-/// How long a server that accepted a connection must stay up to count as started: one whose
-/// port another process took fails its bind and exits within this (the connection went to
-/// that other process).
-const SPAWN_LISTENING_GRACE_MS: u64 = 50;
 
 /// Starts a server on a free port of 127.0.0.1: `command(port)` builds its command line. Waits
-/// until the port accepts connections and the server is still running a moment later; a
-/// server that exited (its port was taken between [`free_tcp_port`] and its bind, and the
-/// connection went to whoever took it) is started again on another port.
+/// until the server itself listens on the port (its own socket, found through `/proc`: a
+/// connection that succeeds may have reached another process that holds the port for a
+/// moment); a server that exited (its port was taken between [`free_tcp_port`] and its bind)
+/// is started again on another port.
 pub fn spawn_listening(name: &str, timeout: Duration, mut command: impl FnMut(u16) -> Command) -> io::Result<(ChildGuard, u16)> {
     let mut why = String::new();
     for _ in 0..SPAWN_LISTENING_ATTEMPTS_MAX {
         let port = free_tcp_port()?;
         let mut child = ChildGuard::spawn(name, &mut command(port))?;
-        let waited = wait_for_tcp(("127.0.0.1", port), timeout);
-        if waited.is_ok() {
-            thread::sleep(Duration::from_millis(SPAWN_LISTENING_GRACE_MS));
-        }
-        match (waited, child.try_wait()?) {
-            (Ok(()), None) => return Ok((child, port)),
-            (_, Some(status)) => why = format!("{name} exited at start on port {port} ({status}; port taken?)"),
-            (Err(e), None) => return Err(e),
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                why = format!("{name} exited at start on port {port} ({status}; port taken?)");
+                break;
+            }
+            if process_listens_on(child.id(), port) {
+                return Ok((child, port));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{name} did not listen on port {port} within {timeout:?}")));
+            }
+            thread::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS));
         }
     }
     Err(io::Error::new(io::ErrorKind::AddrInUse, why))
+}
+
+/// Whether process `pid` holds a socket listening on TCP `port` (IPv4 or IPv6), from
+/// `/proc/net/tcp{,6}` and the process's descriptors.
+pub fn process_listens_on(pid: u32, port: u16) -> bool {
+    // A line: `sl local_address rem_address st … uid timeout inode …`; LISTEN is state 0A.
+    let listening: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = u16::from_str_radix(fields.get(1)?.rsplit(':').next()?, 16).ok()?;
+                    (local_port == port && *fields.get(3)? == "0A").then(|| format!("socket:[{}]", fields.get(9).copied().unwrap_or_default()))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if listening.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().filter_map(|fd| std::fs::read_link(fd.path()).ok()).any(|link| listening.iter().any(|s| link.as_os_str() == s.as_str()))
 }
 
 /// Waits until something accepts TCP connections on `addr`, for at most `timeout`.
@@ -255,6 +282,44 @@ mod tests {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
         wait_for_tcp(("127.0.0.1", port), Duration::from_secs(5)).unwrap();
         drop(listener);
+    }
+
+    /// The listener is found as this process's, and only while it listens, and not as
+    /// another process's.
+    #[test]
+    fn a_listener_is_told_by_its_process() {
+        let _serial = socket_test();
+        let port = free_tcp_port().unwrap();
+        assert!(!process_listens_on(std::process::id(), port));
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+        assert!(process_listens_on(std::process::id(), port));
+        let mut other = ChildGuard::spawn("sleep", Command::new("sleep").arg("5")).unwrap();
+        assert!(!process_listens_on(other.id(), port));
+        other.child_mut().kill().unwrap();
+        drop(listener);
+        assert!(!process_listens_on(std::process::id(), port));
+    }
+
+    /// A server that never listens on its port is a timeout; one that does is returned.
+    #[test]
+    fn spawn_listening_waits_for_the_server_itself() {
+        let _serial = socket_test();
+        let err = spawn_listening("sleep", Duration::from_millis(200), |_| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("5");
+            cmd
+        })
+        .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let script = "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(5)";
+        let (mut child, port) = spawn_listening("python3", Duration::from_secs(10), |port| {
+            let mut cmd = Command::new("python3");
+            cmd.args(["-c", script, &port.to_string()]);
+            cmd
+        })
+        .unwrap();
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok());
+        child.child_mut().kill().unwrap();
     }
 
     #[test]
