@@ -430,7 +430,9 @@ struct CheckpointState {
     seq: u64,
     confirmed: Vec<u64>,
     written: Vec<u64>,
-    written_ticket: u64,
+    /// Sync ticket when the last checkpoint was written (durable once a later sync completed);
+    /// `None` for the one found at open, which is durable.
+    written_ticket: Option<u64>,
     durable: Vec<u64>,
     /// Every block with a sequence number up to this is durable (confirmed / last written).
     confirmed_block_seq: u64,
@@ -813,7 +815,7 @@ impl Inner {
                 confirmed: checkpoint.watermarks.clone(),
                 written: checkpoint.watermarks.clone(),
                 durable: checkpoint.watermarks,
-                written_ticket: 0,
+                written_ticket: None,
                 confirmed_block_seq: checkpoint.confirmed_block_seq,
                 written_block_seq: checkpoint.confirmed_block_seq,
             }),
@@ -1296,7 +1298,7 @@ impl Inner {
             cp.confirmed[u.partition] = cp.confirmed[u.partition].max(u.watermark);
         }
         cp.confirmed_block_seq = cp.confirmed_block_seq.max(confirmed_block_seq);
-        if cp.written_ticket < completed {
+        if cp.written_ticket.is_some_and(|t| t < completed) {
             cp.durable = cp.written.clone();
         }
     }
@@ -1305,8 +1307,18 @@ impl Inner {
     /// durable after the next device sync.
     fn write_checkpoint_if_stale(&self) -> Result<()> {
         let mut cp = self.checkpoint.lock();
-        if cp.confirmed == cp.written && cp.confirmed_block_seq == cp.written_block_seq {
-            return Ok(());
+        loop {
+            if cp.confirmed == cp.written && cp.confirmed_block_seq == cp.written_block_seq {
+                return Ok(());
+            }
+            // The two slots alternate: this write overwrites the checkpoint before the last
+            // one, so the last one must be durable first, or a crash could leave neither.
+            if cp.written_ticket.is_none_or(|t| t < self.sync_completed.load(Ordering::SeqCst)) {
+                break;
+            }
+            drop(cp);
+            self.device_sync("checkpoint order sync")?;
+            cp = self.checkpoint.lock();
         }
         cp.seq += 1;
         let checkpoint = Checkpoint { seq: cp.seq, confirmed_block_seq: cp.confirmed_block_seq, watermarks: cp.confirmed.clone() };
@@ -1316,7 +1328,7 @@ impl Inner {
         self.io("checkpoint write", offset, self.device.write_at(offset, &page))?;
         cp.written = checkpoint.watermarks;
         cp.written_block_seq = checkpoint.confirmed_block_seq;
-        cp.written_ticket = self.sync_started.load(Ordering::SeqCst);
+        cp.written_ticket = Some(self.sync_started.load(Ordering::SeqCst));
         self.counters.flash_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -1569,6 +1581,11 @@ impl Inner {
             blocks.push(block);
         }
         let moved = queue.len();
+        if queue.is_empty() {
+            // The victims' records are all dead because of newer blocks that may not be
+            // durable yet; freeing a victim must never outlive them in a crash.
+            self.device_sync("gc order sync")?;
+        }
         let (mut outputs, mut retired, mut start) = (0, 0, 0);
         while start < queue.len() {
             let mut chunk: Vec<RecordRef<'_>> = queue[start..].iter().map(|(_, r)| r.as_ref()).collect();
