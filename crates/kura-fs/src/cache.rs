@@ -182,6 +182,9 @@ pub struct Node {
     /// Another process may have changed the file since this process last looked (set after
     /// `fork`: parent and child share descriptors, not caches): reload before the next use.
     stale: AtomicBool,
+    /// Whether this process is recorded in the inode's openers; held while the count of opens
+    /// crosses zero and the record changes, so a close and an open never reorder them.
+    registered: Mutex<bool>,
 }
 
 struct NodeInner {
@@ -285,6 +288,7 @@ impl Node {
             }),
             wb_lock: Mutex::new(()),
             stale: AtomicBool::new(false),
+            registered: Mutex::new(false),
         }
     }
 
@@ -302,9 +306,12 @@ impl Node {
 
 impl Fs {
     /// Opens `inode` in this process: its node, refreshed from the record when nothing of it
-    /// is pending here (cached pages are dropped when another process changed the data).
-    pub fn open_node(&self, inode: &Inode) -> Arc<Node> {
+    /// is pending here (cached pages are dropped when another process changed the data). The
+    /// first open records this process in the inode's openers (see [`crate::openers`]); a file
+    /// unlinked before that is `NotFound`.
+    pub fn open_node(&self, inode: &Inode) -> Result<Arc<Node>> {
         let node = Arc::clone(self.nodes.lock().entry(inode.ino).or_insert_with(|| Arc::new(Node::new(inode))));
+        let mut registered = node.registered.lock();
         let mut inner = node.inner.lock();
         if inner.dirty == 0 && !inner.meta_dirty && inner.opens == 0 {
             if inner.generation != inode.generation {
@@ -315,13 +322,26 @@ impl Fs {
             inner.pool_size = inode.size;
         }
         inner.opens += 1;
+        let first = inner.opens == 1;
         drop(inner);
-        node
+        if first && !*registered {
+            match self.register_opener(inode.ino) {
+                Ok(recorded) => *registered = recorded,
+                Err(e) => {
+                    node.inner.lock().opens -= 1;
+                    return Err(e);
+                }
+            }
+        }
+        drop(registered);
+        Ok(node)
     }
 
     /// One open of `node` ended. The last one writes its data back (close-to-open
-    /// consistency) and deletes an unlinked file.
+    /// consistency), removes this process from the file's openers and deletes the file when
+    /// it has no name and no other opener left.
     pub fn release(&self, node: &Arc<Node>) -> Result<()> {
+        let mut registered = node.registered.lock();
         let last = {
             let mut inner = node.inner.lock();
             inner.opens = inner.opens.saturating_sub(1);
@@ -331,16 +351,25 @@ impl Fs {
             return Ok(());
         }
         let orphan = node.inner.lock().orphan;
-        if orphan {
+        let result = if orphan {
+            // Unlinked here while open: nothing of it is worth writing back.
             self.discard(node);
+            Ok(())
+        } else {
+            let result = self.writeback(node);
+            let error = node.inner.lock().error.take();
+            result.and(error.map_or(Ok(()), Err))
+        };
+        if std::mem::take(&mut *registered) {
+            return result.and(self.unregister_opener(node.ino));
+        }
+        if orphan {
             return match self.load_inode(node.ino) {
-                Ok((inode, _)) if inode.nlink == 0 => self.delete_inode(&inode),
+                Ok((inode, _)) if inode.nlink == 0 && !self.open_elsewhere(&inode) => self.delete_inode(&inode),
                 _ => Ok(()),
             };
         }
-        let result = self.writeback(node);
-        let error = node.inner.lock().error.take();
-        result.and(error.map_or(Ok(()), Err))
+        result
     }
 
     /// Whether this process has `ino` open (then an unlink to zero links defers the delete).
@@ -359,6 +388,7 @@ impl Fs {
 
     /// Drops everything cached of `ino` (it was deleted).
     pub(crate) fn forget_node(&self, ino: u64) {
+        self.recent_inodes.lock().remove(&ino);
         let node = self.nodes.lock().remove(&ino);
         if let Some(node) = node {
             self.discard(&node);

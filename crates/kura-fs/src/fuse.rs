@@ -230,11 +230,15 @@ impl Filesystem for KuraFuse {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.getattr(ino.0) {
-            Ok(inode) if file_type(inode.mode) == libc::S_IFREG => {
-                let node = self.fs.open_node(&inode);
-                let fh = self.add_handle(Handle::File { node, flags: flags.0 });
-                reply.opened(fh, FopenFlags::empty());
-            }
+            Ok(inode) if file_type(inode.mode) == libc::S_IFREG => match self.fs.open_node(&inode) {
+                Ok(node) => {
+                    let fh = self.add_handle(Handle::File { node, flags: flags.0 });
+                    reply.opened(fh, FopenFlags::empty());
+                }
+                // Unlinked since the kernel looked the name up: ESTALE makes it look again.
+                Err(FsError::NotFound) => reply.error(errno(FsError::Stale)),
+                Err(e) => reply.error(errno(e)),
+            },
             Ok(_) => reply.error(Errno::from_i32(libc::ENXIO)),
             Err(e) => reply.error(errno(e)),
         }
@@ -376,11 +380,13 @@ impl Filesystem for KuraFuse {
         let kind = if file_type(mode) == 0 { libc::S_IFREG } else { file_type(mode) };
         let created = self.fs.create(parent.0, name.as_bytes(), kind | (mode & 0o7777 & !umask), 0, b"", owner(req), flags & libc::O_EXCL != 0);
         match created {
-            Ok((inode, _)) => {
-                let node = self.fs.open_node(&inode);
-                let fh = self.add_handle(Handle::File { node, flags });
-                reply.created(&TTL, &self.attr(&inode), Generation(0), fh, FopenFlags::empty());
-            }
+            Ok((inode, _)) => match self.fs.open_node(&inode) {
+                Ok(node) => {
+                    let fh = self.add_handle(Handle::File { node, flags });
+                    reply.created(&TTL, &self.attr(&inode), Generation(0), fh, FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(e)),
+            },
             Err(e) => reply.error(errno(e)),
         }
     }

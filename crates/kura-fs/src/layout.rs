@@ -3,7 +3,10 @@
 //! ```text
 //! kfs/<fs>/sb                      superblock: magic, format version, chunk size
 //! kfs/<fs>/next                    the next unallocated inode number (processes take ranges by CAS)
-//! kfs/<fs>/i/<ino:x>               inode: mode, nlink, uid, gid, size, times, parent, generation, symlink target
+//! kfs/<fs>/i/<ino:x>               inode: mode, nlink, uid, gid, size, times, parent, generation, symlink
+//!                                  target, and the processes that have the file open (openers)
+//! kfs/<fs>/orphans                 inodes unlinked while other processes had them open (deleted at
+//!                                  their last close, or when they are found dead)
 //! kfs/<fs>/d/<ino:x>/<bucket:x>    one of a directory's DIR_BUCKETS hash buckets of entries (name, ino, type)
 //! kfs/<fs>/c/<ino:x>/<index:x>     chunk `index` of a file's data (chunk_size bytes; shorter at EOF; absent = zeros)
 //! ```
@@ -36,11 +39,20 @@ pub const INO_BATCH: u64 = 1024;
 pub const ROOT_INO: u64 = 1;
 /// Hard links to one inode, at most.
 pub const NLINK_MAX: u32 = 65_000;
+/// Processes recorded as having one file open, at most (a process past it still opens the
+/// file, but another process's unlink no longer waits for its close).
+pub const OPENERS_MAX: usize = 256;
+/// Inodes on the orphan list, at most (past it an unlinked file that other processes have
+/// open still waits for their last close, but leaks if the last of them dies first).
+pub const ORPHANS_MAX: usize = 4096;
 
 const SUPERBLOCK_MAGIC: u32 = 0x6b75_7246; // "Fruk"
 const FORMAT_VERSION: u32 = 1;
 const INODE_MAGIC: u8 = 0xa1;
 const BUCKET_MAGIC: u8 = 0xb2;
+const ORPHANS_MAGIC: u8 = 0xc3;
+/// Bytes of one encoded opener.
+const OPENER_BYTES: usize = 8 + 8 + 4 + 8 + 4;
 /// Fixed part of an encoded inode.
 const INODE_FIXED_BYTES: usize = 1 + 4 * 5 + 8 * 7 + 2;
 const _: () = assert!(INODE_FIXED_BYTES == 79);
@@ -82,6 +94,68 @@ impl Keys {
 
     pub fn chunk(&self, ino: u64, index: u64) -> Vec<u8> {
         format!("{}c/{ino:x}/{index:x}", self.prefix).into_bytes()
+    }
+
+    pub fn orphans(&self) -> Vec<u8> {
+        format!("{}orphans", self.prefix).into_bytes()
+    }
+}
+
+/// A process (one file system instance in it) that has a file open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Opener {
+    /// Hash of the host's machine id (processes elsewhere cannot be checked for life).
+    pub machine: u64,
+    /// Hash of the host's boot id: a process of an earlier boot is dead.
+    pub boot: u64,
+    pub pid: u32,
+    /// The process's start time (clock ticks since boot): tells a reused pid apart.
+    pub start_ticks: u64,
+    /// Tells apart file system instances of one process.
+    pub instance: u32,
+}
+
+impl Opener {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.machine.to_le_bytes());
+        out.extend_from_slice(&self.boot.to_le_bytes());
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        out.extend_from_slice(&self.start_ticks.to_le_bytes());
+        out.extend_from_slice(&self.instance.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Self {
+        Self { machine: u64_at(b, 0), boot: u64_at(b, 8), pid: u32_at(b, 16), start_ticks: u64_at(b, 20), instance: u32_at(b, 28) }
+    }
+}
+
+/// The orphan list: inodes with no name left that other processes still had open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Orphans {
+    pub inos: Vec<u64>,
+}
+
+impl Orphans {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + 8 * self.inos.len());
+        out.push(ORPHANS_MAGIC);
+        out.extend_from_slice(&(self.inos.len() as u32).to_le_bytes());
+        for ino in &self.inos {
+            out.extend_from_slice(&ino.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(key: &[u8], b: &[u8]) -> Result<Self> {
+        let corrupt = |why| FsError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), why };
+        if b.len() < 5 || b[0] != ORPHANS_MAGIC {
+            return Err(corrupt("not an orphan list"));
+        }
+        let count = u32_at(b, 1) as usize;
+        if b.len() != 5 + 8 * count {
+            return Err(corrupt("orphan list length does not match its count"));
+        }
+        Ok(Self { inos: (0..count).map(|i| u64_at(b, 5 + 8 * i)).collect() })
     }
 }
 
@@ -176,6 +250,10 @@ pub struct Inode {
     pub generation: u64,
     /// Symbolic links: the target.
     pub target: Vec<u8>,
+    /// The processes that have the file open (at most [`OPENERS_MAX`]), so that an unlink
+    /// elsewhere leaves its data until their last close. Encoded after the target, only when
+    /// there are any (a record without openers is the first format's).
+    pub openers: Vec<Opener>,
 }
 
 impl Inode {
@@ -194,12 +272,14 @@ impl Inode {
             parent: 0,
             generation: 0,
             target: Vec::new(),
+            openers: Vec::new(),
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.target.len() <= SYMLINK_BYTES_MAX, "symlink target checked at entry");
-        let mut out = Vec::with_capacity(INODE_FIXED_BYTES + self.target.len());
+        assert!(self.openers.len() <= OPENERS_MAX, "openers bounded where they are added");
+        let mut out = Vec::with_capacity(INODE_FIXED_BYTES + self.target.len() + 2 + OPENER_BYTES * self.openers.len());
         out.push(INODE_MAGIC);
         for v in [self.mode, self.nlink, self.uid, self.gid, self.rdev] {
             out.extend_from_slice(&v.to_le_bytes());
@@ -209,6 +289,12 @@ impl Inode {
         }
         out.extend_from_slice(&(self.target.len() as u16).to_le_bytes());
         out.extend_from_slice(&self.target);
+        if !self.openers.is_empty() {
+            out.extend_from_slice(&(self.openers.len() as u16).to_le_bytes());
+            for opener in &self.openers {
+                opener.encode_into(&mut out);
+            }
+        }
         debug_assert_eq!(Inode::decode(b"", &out).as_ref(), Ok(self));
         out
     }
@@ -219,9 +305,18 @@ impl Inode {
             return Err(corrupt("not an inode"));
         }
         let target_len = u16::from_le_bytes([b[INODE_FIXED_BYTES - 2], b[INODE_FIXED_BYTES - 1]]) as usize;
-        if b.len() != INODE_FIXED_BYTES + target_len {
-            return Err(corrupt("inode length does not match its symlink target"));
-        }
+        let openers_at = INODE_FIXED_BYTES + target_len;
+        let openers = match b.len().checked_sub(openers_at) {
+            Some(0) => Vec::new(),
+            Some(rest) if rest >= 2 => {
+                let count = u16::from_le_bytes([b[openers_at], b[openers_at + 1]]) as usize;
+                if count == 0 || count > OPENERS_MAX || rest != 2 + OPENER_BYTES * count {
+                    return Err(corrupt("inode length does not match its openers"));
+                }
+                (0..count).map(|i| Opener::decode(&b[openers_at + 2 + OPENER_BYTES * i..])).collect()
+            }
+            _ => return Err(corrupt("inode length does not match its symlink target")),
+        };
         let w = |i: usize| u32_at(b, 1 + 4 * i);
         let q = |i: usize| u64_at(b, 21 + 8 * i);
         Ok(Self {
@@ -237,7 +332,8 @@ impl Inode {
             parent: q(4),
             generation: q(5),
             ino: q(6),
-            target: b[INODE_FIXED_BYTES..].to_vec(),
+            target: b[INODE_FIXED_BYTES..openers_at].to_vec(),
+            openers,
         })
     }
 }
@@ -340,6 +436,22 @@ mod tests {
         assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
         assert!(Inode::decode(b"k", &bytes[..bytes.len() - 1]).is_err());
         assert!(Inode::decode(b"k", b"").is_err());
+        inode.openers = vec![Opener { machine: 1, boot: 2, pid: 3, start_ticks: 4, instance: 5 }, Opener { machine: 6, boot: 7, pid: 8, start_ticks: 9, instance: 10 }];
+        let bytes = inode.encode();
+        assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
+        for cut in INODE_FIXED_BYTES + inode.target.len() + 1..bytes.len() {
+            assert!(Inode::decode(b"k", &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn orphans_round_trip() {
+        let list = Orphans { inos: vec![5, 1 << 40, 7] };
+        let bytes = list.encode();
+        assert_eq!(Orphans::decode(b"k", &bytes).unwrap(), list);
+        for cut in 0..bytes.len() {
+            assert!(Orphans::decode(b"k", &bytes[..cut]).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

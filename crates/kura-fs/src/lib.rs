@@ -23,6 +23,7 @@ pub mod fuse;
 pub mod kv;
 pub mod layout;
 pub mod ns;
+mod openers;
 pub mod path;
 
 use std::collections::HashMap;
@@ -78,6 +79,14 @@ pub fn process_id() -> u32 {
 }
 
 /// How one process uses a file system.
+/// A number telling file system instances of one process apart (from the time and the
+/// instance's address).
+fn instance_id(me: &std::sync::Weak<Fs>) -> u32 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let seed = [now.to_le_bytes(), (me.as_ptr() as usize as u64).to_le_bytes()].concat();
+    xxhash_rust::xxh3::xxh3_64(&seed) as u32
+}
+
 #[derive(Debug, Clone)]
 pub struct FsConfig {
     /// The file system's name in the pool (several can share one pool).
@@ -127,6 +136,13 @@ pub struct Fs {
     pub(crate) cache: cache::CacheState,
     /// This file system itself, for the write-back worker it starts.
     pub(crate) me: std::sync::Weak<Fs>,
+    /// Tells this instance apart from others in the same process (see [`layout::Opener`]).
+    pub(crate) instance: u32,
+    /// How this instance is recorded in the files it opens (renewed after `fork`).
+    pub(crate) opener: Mutex<Option<layout::Opener>>,
+    /// Inode records as this process last read or wrote them, with their versions (at most
+    /// `ns::RECENT_INODES_MAX`).
+    pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64)>>,
 }
 
 impl Fs {
@@ -159,8 +175,15 @@ impl Fs {
             inos: Mutex::new(InoRange::default()),
             nodes: Mutex::new(HashMap::new()),
             me: me.clone(),
+            instance: instance_id(me),
+            opener: Mutex::new(None),
+            recent_inodes: Mutex::new(HashMap::new()),
         });
         fs.format_if_new(owner)?;
+        // Unlinked files whose last openers died (killed) are deleted by the next instance.
+        if let Err(error) = fs.sweep_orphans() {
+            tracing::warn!(%error, "could not sweep the orphan list");
+        }
         Ok(fs)
     }
 

@@ -17,6 +17,9 @@ use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, S
 /// CAS retries of one record before the operation gives up with `EIO` (contention this high
 /// means something is wrong).
 const CAS_RETRIES_MAX: u32 = 10_000;
+/// Inode records a process remembers as it last read or wrote them, at most (for the first
+/// try of its next compare-and-swap on them).
+pub(crate) const RECENT_INODES_MAX: usize = 1024;
 /// Times `rename` starts over when its target changed between its checks and its CAS.
 const RENAME_RETRIES_MAX: u32 = 1000;
 const RENAME_RACE: &str = "rename target changed concurrently";
@@ -161,22 +164,43 @@ pub fn now_ns() -> i64 {
 }
 
 impl Fs {
-    /// Reads an inode record and its version.
+    /// Reads an inode record and its version (and remembers both, see `recent_inodes`).
     pub(crate) fn load_inode(&self, ino: u64) -> Result<(Inode, u64)> {
         let key = self.keys.inode(ino);
         match self.kv.get_versioned(&key)? {
-            Some((bytes, version)) => Ok((Inode::decode(&key, &bytes)?, version)),
+            Some((bytes, version)) => {
+                let inode = Inode::decode(&key, &bytes)?;
+                self.remember_inode(&inode, version);
+                Ok((inode, version))
+            }
             None => Err(FsError::NotFound),
         }
     }
 
-    /// Applies `change` to an inode by compare-and-swap, retrying on conflict.
+    /// Notes the record of an inode as last read or written by this process.
+    pub(crate) fn remember_inode(&self, inode: &Inode, version: u64) {
+        let mut recent = self.recent_inodes.lock();
+        if recent.len() >= RECENT_INODES_MAX {
+            recent.clear();
+        }
+        recent.insert(inode.ino, (inode.clone(), version));
+    }
+
+    /// Applies `change` to an inode by compare-and-swap, retrying on conflict. The first try
+    /// starts from the record as this process last read or wrote it, if it did recently (one
+    /// round trip instead of two when nobody changed it since; a stale copy just fails the
+    /// swap).
     pub(crate) fn update_inode(&self, ino: u64, mut change: impl FnMut(&mut Inode) -> Result<()>) -> Result<Inode> {
         let key = self.keys.inode(ino);
+        let mut recent = self.recent_inodes.lock().remove(&ino);
         for _ in 0..CAS_RETRIES_MAX {
-            let (mut inode, version) = self.load_inode(ino)?;
+            let (mut inode, version) = match recent.take() {
+                Some(copy) => copy,
+                None => self.load_inode(ino)?,
+            };
             change(&mut inode)?;
-            if self.kv.put_cond(&key, &inode.encode(), Cond::Version(version))?.is_some() {
+            if let Some(new_version) = self.kv.put_cond(&key, &inode.encode(), Cond::Version(version))? {
+                self.remember_inode(&inode, new_version);
                 return Ok(inode);
             }
         }
@@ -313,8 +337,9 @@ impl Fs {
             inode.target = target.to_vec();
             inode.size = target.len() as u64;
         }
-        if self.kv.put_cond(&self.keys.inode(inode.ino), &inode.encode(), Cond::Absent)?.is_none() {
-            return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino)));
+        match self.kv.put_cond(&self.keys.inode(inode.ino), &inode.encode(), Cond::Absent)? {
+            Some(version) => self.remember_inode(&inode, version),
+            None => return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino))),
         }
         let entry = DirEntry { name: name.to_vec(), ino: inode.ino, dtype: dtype_of(mode) };
         let added = self.update_bucket(dir, name, |b| match b.find(name) {
@@ -444,8 +469,8 @@ impl Fs {
         Ok(())
     }
 
-    /// One name of `ino` went away: drops its link count and, at zero, its data and record
-    /// (unless this process still has it open: then at the last close).
+    /// One name of `ino` went away: drops its link count and, at zero, its data and record,
+    /// unless a process (this one or another) still has it open: then at the last close.
     pub(crate) fn drop_link(&self, ino: u64) -> Result<()> {
         let now = now_ns();
         let inode = match self.update_inode(ino, |i| {
@@ -457,10 +482,15 @@ impl Fs {
             Err(FsError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
-        if inode.nlink == 0 && !self.defer_delete_if_open(ino) {
-            self.delete_inode(&inode)?;
+        if inode.nlink > 0 {
+            return Ok(());
         }
-        Ok(())
+        let open_here = self.defer_delete_if_open(ino);
+        if open_here || self.open_elsewhere(&inode) {
+            // The last opener's close deletes it; if that one dies first, a later sweep does.
+            return self.add_orphan(ino);
+        }
+        self.delete_inode(&inode)
     }
 
     /// Deletes an unlinked inode's chunks and record.

@@ -143,7 +143,7 @@ fn open_fs(urls: &[String], name: &str) -> Arc<Fs> {
 
 fn write_file(fs: &Fs, dir: u64, name: &[u8], body: &[u8]) -> Inode {
     let (inode, _) = fs.create(dir, name, libc::S_IFREG | 0o644, 0, b"", owner(), true).expect("create");
-    let node = fs.open_node(&inode);
+    let node = fs.open_node(&inode).expect("open");
     assert_eq!(fs.write(&node, 0, body, WriteMode::Buffered).expect("write"), body.len());
     fs.release(&node).expect("close writes back");
     inode
@@ -151,7 +151,7 @@ fn write_file(fs: &Fs, dir: u64, name: &[u8], body: &[u8]) -> Inode {
 
 fn read_file(fs: &Fs, ino: u64) -> Vec<u8> {
     let inode = fs.getattr(ino).expect("getattr");
-    let node = fs.open_node(&inode);
+    let node = fs.open_node(&inode).expect("open");
     let mut buf = vec![0u8; inode.size as usize + 1];
     let n = fs.read(&node, 0, &mut buf).expect("read");
     fs.release(&node).expect("close");

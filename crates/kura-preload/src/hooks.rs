@@ -181,7 +181,8 @@ fn node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>,
 #[cold]
 fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>, i32> {
     let inode = fs.getattr_open(of.ino).map_err(fs_errno)?;
-    Ok(of.set_node(fs.open_node(&inode)))
+    let node = fs.open_node(&inode).map_err(|e| fs_errno(if e == FsError::NotFound { FsError::Stale } else { e }))?;
+    Ok(of.set_node(node))
 }
 
 /// Resolves a kura target.
@@ -389,6 +390,19 @@ extern "C" fn h_statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_u
 
 /// Opens a kura path; `Ok(fd)` may be a kernel descriptor when a symlink led outside.
 fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<c_int, i32> {
+    // Another process may rename over or remove the name between its lookup and the open
+    // (the open then finds the file without a name, `ESTALE`): resolve the path again, so that
+    // the open sees the old file or the new one, never `ENOENT` for a name that always existed.
+    for _ in 0..RESOLVE_RETRIES_MAX {
+        match kura_open_once(state, fs, start, rel, abs, flags, mode) {
+            Err(libc::ESTALE) => continue,
+            result => return result,
+        }
+    }
+    Err(libc::ENOENT)
+}
+
+fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<c_int, i32> {
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Err(libc::EOPNOTSUPP);
     }
@@ -441,9 +455,19 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
     };
     let is_dir = kura_fs::layout::is_dir(inode.mode);
     let inode = if !is_dir && flags & libc::O_TRUNC != 0 { fs.getattr(inode.ino).map_err(fs_errno)? } else { inode };
-    let (fd, file) = create_placeholder(inode.ino, is_dir, flags, abs)?;
-    if !is_dir {
-        file.set_node(fs.open_node(&inode));
+    // A file unlinked since the lookup fails here, before a descriptor exists.
+    let node = if is_dir { None } else { Some(fs.open_node(&inode).map_err(|e| fs_errno(if e == FsError::NotFound { FsError::Stale } else { e }))?) };
+    let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, abs) {
+        Ok(placeholder) => placeholder,
+        Err(e) => {
+            if let Some(node) = &node {
+                let _ = fs.release(node);
+            }
+            return Err(e);
+        }
+    };
+    if let Some(node) = node {
+        file.set_node(node);
     }
     state.fds.install(fd, Arc::new(file));
     Ok(fd)
@@ -2075,7 +2099,7 @@ fn exec_image(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8]) -> Result<c_i
         return Err(libc::EACCES);
     }
     check_access(&inode, libc::X_OK, true)?;
-    let node = fs.open_node(&inode);
+    let node = fs.open_node(&inode).map_err(fs_errno)?;
     let fd = raw::memfd_create(b"kura-exec\0", 0)?;
     let mut at = 0u64;
     let mut buf = vec![0u8; COPY_STEP_BYTES];

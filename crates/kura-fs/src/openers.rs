@@ -1,0 +1,249 @@
+//! Files open in other processes: a file unlinked while open stays readable until closed.
+//!
+//! Every process (every file system instance in it) that opens a regular file records itself
+//! in the file's inode record (`Inode::openers`) at its first open of the file and removes
+//! itself at its last close, both by compare-and-swap on the record. Dropping a file's last
+//! name deletes its data only when no other live process is recorded; otherwise the inode
+//! stays (with no name, `nlink` 0), goes on the orphan list, and the last recorded process to
+//! close it deletes it. Because the unlink and the openers change one record by
+//! compare-and-swap, an open and an unlink of the same file are ordered one way or the other.
+//!
+//! A process killed while it has files open never removes itself. Openers on this host are
+//! checked for life (`/proc/PID/stat`: same pid and start time, same boot) whenever a record is
+//! changed, and every file system instance that starts sweeps the orphan list, deleting
+//! orphans whose openers are all dead. Openers on other hosts cannot be checked and are kept.
+
+use std::sync::OnceLock;
+
+use crate::error::{FsError, Result};
+use crate::kv::Cond;
+use crate::layout::{Inode, OPENERS_MAX, ORPHANS_MAX, Opener, Orphans};
+use crate::{Fs, process_id};
+
+/// Compare-and-swap attempts on the orphan list before giving up.
+const ORPHAN_CAS_RETRIES_MAX: usize = 64;
+
+/// This host's identity: hashes of its machine id and of its boot id.
+fn host() -> (u64, u64) {
+    static HOST: OnceLock<(u64, u64)> = OnceLock::new();
+    *HOST.get_or_init(|| {
+        let read = |path: &str| std::fs::read(path).ok().filter(|b| !b.trim_ascii().is_empty());
+        let machine = read("/etc/machine-id").or_else(|| read("/var/lib/dbus/machine-id")).or_else(|| read("/proc/sys/kernel/hostname")).unwrap_or_default();
+        let boot = read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        (xxhash_rust::xxh3::xxh3_64(machine.trim_ascii()), xxhash_rust::xxh3::xxh3_64(boot.trim_ascii()))
+    })
+}
+
+/// A process's start time in clock ticks since boot (field 22 of `/proc/PID/stat`), or
+/// `None` when there is no such process.
+pub(crate) fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_ticks(&stat)
+}
+
+/// Field 22 of a `/proc/PID/stat` line; the command name (field 2) is in parentheses and may
+/// itself contain spaces and parentheses, so fields are counted after its last `)`.
+fn parse_start_ticks(stat: &[u8]) -> Option<u64> {
+    let after = stat.iter().rposition(|&b| b == b')')?;
+    let fields = std::str::from_utf8(&stat[after + 1..]).ok()?;
+    fields.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `opener` may still be running, as seen from `me` (a process on this host).
+fn alive(opener: &Opener, me: &Opener) -> bool {
+    if opener.machine != me.machine {
+        return true;
+    }
+    if opener.boot != me.boot {
+        return false;
+    }
+    if opener.pid == me.pid {
+        return opener.start_ticks == me.start_ticks;
+    }
+    start_ticks(opener.pid) == Some(opener.start_ticks)
+}
+
+impl Fs {
+    /// This file system instance in this process, as recorded in the files it opens.
+    pub(crate) fn opener(&self) -> Opener {
+        let pid = process_id();
+        let mut cached = self.opener.lock();
+        match *cached {
+            Some(me) if me.pid == pid => me,
+            _ => {
+                let (machine, boot) = host();
+                let me = Opener { machine, boot, pid, start_ticks: start_ticks(pid).unwrap_or(0), instance: self.instance };
+                *cached = Some(me);
+                me
+            }
+        }
+    }
+
+    /// Drops the openers of `inode` that are dead (keeping `me` when present).
+    fn prune_openers(inode: &mut Inode, me: &Opener) {
+        inode.openers.retain(|o| o == me || alive(o, me));
+    }
+
+    /// Records this process as having `ino` open. Returns whether it is recorded: not when the
+    /// record already lists [`OPENERS_MAX`] processes. A file that lost its last name before
+    /// this (an unlink between the lookup and the open) is `NotFound`, unless this process
+    /// already has it open (another instance, e.g. before an `exec` that kept the descriptor).
+    pub(crate) fn register_opener(&self, ino: u64) -> Result<bool> {
+        let me = self.opener();
+        let this_process = |o: &Opener| (o.machine, o.boot, o.pid, o.start_ticks) == (me.machine, me.boot, me.pid, me.start_ticks);
+        let mut recorded = false;
+        self.update_inode(ino, |inode| {
+            if inode.nlink == 0 && !inode.openers.iter().any(this_process) {
+                return Err(FsError::NotFound);
+            }
+            Self::prune_openers(inode, &me);
+            recorded = inode.openers.contains(&me);
+            if !recorded && inode.openers.len() < OPENERS_MAX {
+                inode.openers.push(me);
+                recorded = true;
+            }
+            Ok(())
+        })?;
+        if !recorded {
+            tracing::warn!(ino, openers_max = OPENERS_MAX, "too many processes have this file open: an unlink elsewhere will not wait for this one");
+        }
+        Ok(recorded)
+    }
+
+    /// Removes this process from the openers of `ino`; deletes the file when that leaves it
+    /// with no name and no live opener.
+    pub(crate) fn unregister_opener(&self, ino: u64) -> Result<()> {
+        let me = self.opener();
+        let inode = match self.update_inode(ino, |inode| {
+            Self::prune_openers(inode, &me);
+            inode.openers.retain(|o| *o != me);
+            Ok(())
+        }) {
+            Ok(inode) => inode,
+            Err(FsError::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if inode.nlink == 0 && inode.openers.is_empty() {
+            self.delete_inode(&inode)?;
+            self.remove_orphan(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Whether processes other than this one are recorded (alive) as having `inode` open.
+    pub(crate) fn open_elsewhere(&self, inode: &Inode) -> bool {
+        let me = self.opener();
+        inode.openers.iter().any(|o| *o != me && alive(o, &me))
+    }
+
+    /// Puts `ino` on the orphan list (a file without names that is still open somewhere).
+    pub(crate) fn add_orphan(&self, ino: u64) -> Result<()> {
+        self.update_orphans(|list| {
+            if list.inos.contains(&ino) {
+                return false;
+            }
+            if list.inos.len() >= ORPHANS_MAX {
+                tracing::warn!(ino, orphans_max = ORPHANS_MAX, "the orphan list is full: this unlinked file leaks if its last opener dies");
+                return false;
+            }
+            list.inos.push(ino);
+            true
+        })
+    }
+
+    fn remove_orphan(&self, ino: u64) -> Result<()> {
+        self.update_orphans(|list| {
+            let before = list.inos.len();
+            list.inos.retain(|&i| i != ino);
+            list.inos.len() != before
+        })
+    }
+
+    /// Applies `change` to the orphan list by compare-and-swap (`change` says whether it
+    /// changed anything).
+    fn update_orphans(&self, mut change: impl FnMut(&mut Orphans) -> bool) -> Result<()> {
+        let key = self.keys.orphans();
+        for _ in 0..ORPHAN_CAS_RETRIES_MAX {
+            let (mut list, version) = match self.kv.get_versioned(&key)? {
+                Some((bytes, version)) => (Orphans::decode(&key, &bytes)?, Some(version)),
+                None => (Orphans::default(), None),
+            };
+            if !change(&mut list) {
+                return Ok(());
+            }
+            let cond = version.map_or(Cond::Absent, Cond::Version);
+            let done = if list.inos.is_empty() && version.is_some() {
+                self.kv.delete_cond(&key, cond)?
+            } else {
+                self.kv.put_cond(&key, &list.encode(), cond)?.is_some()
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        Err(FsError::Io("orphan list: too much contention".into()))
+    }
+
+    /// Deletes the orphans whose openers are all dead (processes killed while they had an
+    /// unlinked file open). Returns how many were deleted.
+    pub fn sweep_orphans(&self) -> Result<usize> {
+        let key = self.keys.orphans();
+        let Some((bytes, _)) = self.kv.get_versioned(&key)? else { return Ok(0) };
+        let list = Orphans::decode(&key, &bytes)?;
+        let me = self.opener();
+        let mut deleted = 0;
+        for ino in list.inos {
+            let inode = match self.update_inode(ino, |inode| {
+                Self::prune_openers(inode, &me);
+                Ok(())
+            }) {
+                Ok(inode) => inode,
+                Err(FsError::NotFound) => {
+                    self.remove_orphan(ino)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if inode.nlink == 0 && inode.openers.is_empty() {
+                self.delete_inode(&inode)?;
+                self.remove_orphan(ino)?;
+                deleted += 1;
+            } else if inode.nlink > 0 {
+                // Linked again meanwhile cannot happen (no name, no link), but never delete a
+                // file that has a name.
+                self.remove_orphan(ino)?;
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "deleted unlinked files whose last openers died");
+        }
+        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_ticks_of_a_stat_line() {
+        let line = b"1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_ticks(line), Some(987_654));
+        assert_eq!(parse_start_ticks(b"garbage"), None);
+        assert!(start_ticks(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn life_of_openers() {
+        let (machine, boot) = host();
+        let pid = std::process::id();
+        let me = Opener { machine, boot, pid, start_ticks: start_ticks(pid).unwrap(), instance: 1 };
+        assert!(alive(&Opener { instance: 2, ..me }, &me), "another instance of this process");
+        assert!(!alive(&Opener { start_ticks: me.start_ticks + 1, ..me }, &me), "an earlier process with this pid");
+        assert!(!alive(&Opener { boot: boot ^ 1, ..me }, &me), "an earlier boot");
+        assert!(alive(&Opener { machine: machine ^ 1, boot: 0, pid: u32::MAX, ..me }, &me), "another host cannot be checked");
+        let parent = std::os::unix::process::parent_id();
+        assert!(alive(&Opener { pid: parent, start_ticks: start_ticks(parent).unwrap(), ..me }, &me));
+        assert!(!alive(&Opener { pid: u32::MAX - 1, ..me }, &me), "no such process");
+    }
+}
