@@ -482,7 +482,7 @@ impl Fs {
         if !node.stale.load(Ordering::Acquire) {
             return Ok(());
         }
-        let (inode, _) = self.load_inode(node.ino).map_err(|e| if e == FsError::NotFound { FsError::Stale } else { e })?;
+        let (inode, _) = self.load_inode(node.ino).map_err(FsError::gone_is_stale)?;
         let mut inner = node.inner.lock();
         if node.stale.swap(false, Ordering::AcqRel) && inner.dirty == 0 && !inner.meta_dirty {
             inner.size = inode.size;
@@ -838,9 +838,7 @@ impl Fs {
                 // chunks just written would otherwise stay in the pool for good. Inode numbers
                 // are never reused, so no other file owns these keys.
                 drop(inner);
-                let chunks = size.div_ceil(self.chunk as u64).max(self.local_chunk_count(node.ino));
-                let keys: Vec<Vec<u8>> = (0..chunks).map(|i| self.keys.chunk(node.ino, i)).collect();
-                if let Err(error) = self.kv.delete_many(&keys) {
+                if let Err(error) = self.delete_chunks(node.ino, size) {
                     tracing::warn!(ino = node.ino, %error, "could not delete the chunks written to a removed file");
                 }
                 Ok(())

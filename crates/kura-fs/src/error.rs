@@ -48,6 +48,12 @@ pub enum FsError {
 }
 
 impl FsError {
+    /// For a file this process has open: its inode being gone means another process removed
+    /// the file (`Stale`, as NFS reports it), not that a name is missing.
+    pub fn gone_is_stale(self) -> Self {
+        if self == FsError::NotFound { FsError::Stale } else { self }
+    }
+
     /// The errno POSIX specifies for this failure.
     pub fn errno(&self) -> i32 {
         match self {

@@ -236,8 +236,7 @@ impl Filesystem for KuraFuse {
                     reply.opened(fh, FopenFlags::empty());
                 }
                 // Unlinked since the kernel looked the name up: ESTALE makes it look again.
-                Err(FsError::NotFound) => reply.error(errno(FsError::Stale)),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(e.gone_is_stale())),
             },
             Ok(_) => reply.error(Errno::from_i32(libc::ENXIO)),
             Err(e) => reply.error(errno(e)),

@@ -78,7 +78,6 @@ pub fn process_id() -> u32 {
     pid
 }
 
-/// How one process uses a file system.
 /// A number telling file system instances of one process apart (from the time and the
 /// instance's address).
 fn instance_id(me: &std::sync::Weak<Fs>) -> u32 {
@@ -87,6 +86,7 @@ fn instance_id(me: &std::sync::Weak<Fs>) -> u32 {
     xxhash_rust::xxh3::xxh3_64(&seed) as u32
 }
 
+/// How one process uses a file system.
 #[derive(Debug, Clone)]
 pub struct FsConfig {
     /// The file system's name in the pool (several can share one pool).

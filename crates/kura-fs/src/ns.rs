@@ -283,7 +283,7 @@ impl Fs {
     /// [`Fs::getattr`] of a file this process has open: its inode being gone means another
     /// process removed the file (`ESTALE`, as NFS reports it), not that a name is missing.
     pub fn getattr_open(&self, ino: u64) -> Result<Inode> {
-        self.getattr(ino).map_err(|e| if e == FsError::NotFound { FsError::Stale } else { e })
+        self.getattr(ino).map_err(FsError::gone_is_stale)
     }
 
     fn dir_inode(&self, dir: u64) -> Result<Inode> {
@@ -493,12 +493,17 @@ impl Fs {
         self.delete_inode(&inode)
     }
 
+    /// Deletes the chunks of a file of `size` bytes (and any this process holds beyond it).
+    pub(crate) fn delete_chunks(&self, ino: u64, size: u64) -> Result<()> {
+        let chunks = size.div_ceil(self.chunk as u64).max(self.local_chunk_count(ino));
+        let keys: Vec<Vec<u8>> = (0..chunks).map(|i| self.keys.chunk(ino, i)).collect();
+        self.kv.delete_many(&keys)
+    }
+
     /// Deletes an unlinked inode's chunks and record.
     pub(crate) fn delete_inode(&self, inode: &Inode) -> Result<()> {
         if file_type(inode.mode) == libc::S_IFREG {
-            let chunks = inode.size.div_ceil(self.chunk as u64).max(self.local_chunk_count(inode.ino));
-            let keys: Vec<Vec<u8>> = (0..chunks).map(|i| self.keys.chunk(inode.ino, i)).collect();
-            self.kv.delete_many(&keys)?;
+            self.delete_chunks(inode.ino, inode.size)?;
         }
         if is_dir(inode.mode) {
             let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(inode.ino, b)).collect();

@@ -193,10 +193,17 @@ impl Fs {
         let me = self.opener();
         let mut deleted = 0;
         for ino in list.inos {
-            let inode = match self.update_inode(ino, |inode| {
-                Self::prune_openers(inode, &me);
-                Ok(())
-            }) {
+            // Every process that starts looks at the list: the record is written only when an
+            // opener died, not for orphans other processes still legitimately hold.
+            let inode = match self.load_inode(ino) {
+                Ok((inode, _)) if inode.openers.iter().all(|o| alive(o, &me)) => Ok(inode),
+                Ok(_) => self.update_inode(ino, |inode| {
+                    Self::prune_openers(inode, &me);
+                    Ok(())
+                }),
+                Err(e) => Err(e),
+            };
+            let inode = match inode {
                 Ok(inode) => inode,
                 Err(FsError::NotFound) => {
                     self.remove_orphan(ino)?;

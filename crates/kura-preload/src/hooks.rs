@@ -181,7 +181,7 @@ fn node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>,
 #[cold]
 fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>, i32> {
     let inode = fs.getattr_open(of.ino).map_err(fs_errno)?;
-    let node = fs.open_node(&inode).map_err(|e| fs_errno(if e == FsError::NotFound { FsError::Stale } else { e }))?;
+    let node = fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?;
     Ok(of.set_node(node))
 }
 
@@ -456,7 +456,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     let is_dir = kura_fs::layout::is_dir(inode.mode);
     let inode = if !is_dir && flags & libc::O_TRUNC != 0 { fs.getattr(inode.ino).map_err(fs_errno)? } else { inode };
     // A file unlinked since the lookup fails here, before a descriptor exists.
-    let node = if is_dir { None } else { Some(fs.open_node(&inode).map_err(|e| fs_errno(if e == FsError::NotFound { FsError::Stale } else { e }))?) };
+    let node = if is_dir { None } else { Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?) };
     let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, abs) {
         Ok(placeholder) => placeholder,
         Err(e) => {
