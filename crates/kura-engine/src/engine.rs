@@ -1123,11 +1123,15 @@ impl Inner {
             return self.wait_for_partition_seal(p);
         }
         let slot = self.reserve_slot(purpose)?;
+        // The seal is registered before it freezes the buffer: a sync that could miss the
+        // buffer's records (they leave the active buffer here) waits for their block instead.
+        let ticket = self.seals.begin();
         let frozen = {
             let mut state = self.partitions[p].state.write();
             if state.sealing.is_some() || state.active.is_empty() {
                 drop(state);
                 self.slots.lock().free.push(slot);
+                self.seals.end(ticket);
                 return Ok(());
             }
             let fresh = WriteBuffer::with_arena(&self.geo, self.spare_arenas.lock().pop().unwrap_or_default());
@@ -1136,7 +1140,6 @@ impl Inner {
             state.journal_first_sealing = state.journal_first_active.take();
             frozen
         };
-        let ticket = self.seals.begin();
         let sender = self.seal_tx.lock().clone();
         match sender {
             Some(tx) => {
@@ -1687,6 +1690,10 @@ impl Inner {
                 staged.push((header, [r.key, r.value].concat()));
             }
         }
+        // A seal that froze a buffer before this sync took its records from it has begun by
+        // now (seals register before they freeze): those records are in its block, which the
+        // device sync below makes durable once it is written.
+        self.seals.wait_for_started_before_now();
         let bytes: usize = staged.iter().map(|(_, kv)| JournalWriter::entry_bytes(kv.len(), 0)).sum();
         self.make_journal_room(&mut journal, bytes)?;
         for (header, kv) in &staged {

@@ -219,14 +219,16 @@ fn regression_fault_then_crash() {
 /// moment would leave (several ways: each unsynced write applied, dropped or torn) to `probe`.
 struct CrashProbe {
     sim: Arc<SimDevice>,
-    probe: Box<dyn Fn(Arc<SimDevice>) + Send + Sync>,
+    /// Called with the device and a crash seed: makes the crash image (`SimDevice::crash`)
+    /// and checks it.
+    probe: Box<dyn Fn(&SimDevice, u64) + Send + Sync>,
     crash_seeds: u64,
 }
 
 impl CrashProbe {
     fn crash_here(&self) {
         for seed in 0..self.crash_seeds {
-            (self.probe)(self.sim.crash(self.sim.ops() * 1_000 + seed));
+            (self.probe)(&self.sim, self.sim.ops() * 1_000 + seed);
         }
     }
 }
@@ -283,14 +285,16 @@ fn crash_at_any_point_of_collections_moving_records_keeps_synced_data() {
 
 /// As above with background sealers and collector (not deterministic: checks whatever
 /// interleaving of seals, confirmation rounds, collections and syncs this run takes).
-/// Ignored in the test run because it still fails sometimes: a fresh-clone CI run at 33c7dec
-/// (tests in parallel) saw crash image 595 return an older version of a synced key. That is an
-/// open durability bug with background threads, not understood yet; the deterministic cases
-/// above pass. Run it with `cargo test --release -p kura-engine --test model -- --ignored`.
 #[test]
-#[ignore = "open bug: fails sometimes under load (a synced key comes back older after a crash)"]
 fn crash_at_any_point_with_background_threads_keeps_synced_data() {
     crash_points_case(Mode::Store, 2, |i| if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }, None);
+}
+
+/// As above with two writer threads, each syncing its own writes while the other fills and
+/// seals buffers of the same partitions.
+#[test]
+fn crash_at_any_point_with_concurrent_writers_keeps_synced_data() {
+    crash_points_case_with_writers(Mode::Store, 2, 2, |i| if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }, None);
 }
 
 /// Cache mode, where the oldest blocks are dropped: a crash at any point may lose a synced key
@@ -303,16 +307,28 @@ fn crash_at_any_point_in_cache_mode_never_returns_an_older_value() {
 /// Runs 1,000 writes (`write(i)`: which key, and whether to delete it) with a sync every 50,
 /// checking crash images before every device write and sync; `moves_records`: whether the
 /// collections must have moved live records.
-fn crash_points_case(mode: Mode, seal_threads: usize, write: impl Fn(u32) -> (u32, bool), moves_records: Option<bool>) {
+fn crash_points_case(mode: Mode, seal_threads: usize, write: impl Fn(u32) -> (u32, bool) + Sync, moves_records: Option<bool>) {
+    crash_points_case_with_writers(mode, seal_threads, 1, write, moves_records);
+}
+
+/// Each of `writers` threads runs the writes of `crash_points_case` on keys of its own (offset
+/// by `WRITER_KEYS`) and syncs every 50 of them: a key's synced value is the one its writer
+/// wrote before its last completed `sync()` (a sync by another writer may cover more).
+fn crash_points_case_with_writers(mode: Mode, seal_threads: usize, writers: u32, write: impl Fn(u32) -> (u32, bool) + Sync, moves_records: Option<bool>) {
+    const WRITER_KEYS: u32 = 100_000;
     let cfg = EngineConfig { seal_threads, ..config(mode) };
     let model = Arc::new(Mutex::new(SyncModel::default()));
     let (probe_model, probe_cfg) = (Arc::clone(&model), EngineConfig { seal_threads: 0, ..cfg.clone() });
     let sim = sim(4 << 20);
-    let probe = move |image: Arc<SimDevice>| {
+    let probe = move |sim: &SimDevice, seed: u64| {
+        // The image is taken under the model's lock: a sync that completes while the image is
+        // checked then counts only once the model says so (the test's writer updates the model
+        // after `sync()` returns, under the same lock).
         let mut model = probe_model.lock().unwrap();
         if !model.armed || model.failure.is_some() {
             return;
         }
+        let image = sim.crash(seed);
         model.checked_images += 1;
         let at = model.checked_images;
         let engine = match Engine::open_device(image as Arc<dyn Device>, &probe_cfg) {
@@ -337,21 +353,32 @@ fn crash_points_case(mode: Mode, seal_threads: usize, write: impl Fn(u32) -> (u3
     let device = Arc::new(CrashProbe { sim: Arc::clone(&sim), probe: Box::new(probe), crash_seeds: 8 });
     let engine = Engine::create(device as Arc<dyn Device>, &cfg).expect("create");
     model.lock().unwrap().armed = true;
-    for i in 0..1000u32 {
-        let (k, delete) = write(i);
-        let v = (!delete).then(|| value_for(k, i, [20, 700, 5000][(i % 3) as usize]));
-        model.lock().unwrap().since_sync.entry(k).or_default().push(v.clone());
-        match &v {
-            Some(v) => engine.put(&key(k), v).map(|_| ()).unwrap(),
-            None => engine.delete(&key(k)).unwrap(),
+    std::thread::scope(|scope| {
+        for w in 0..writers {
+            let (engine, model, write) = (&engine, &model, &write);
+            scope.spawn(move || {
+                for i in 0..1000u32 {
+                    let (k, delete) = write(i);
+                    let k = k + w * WRITER_KEYS;
+                    let v = (!delete).then(|| value_for(k, i, [20, 700, 5000][(i % 3) as usize]));
+                    model.lock().unwrap().since_sync.entry(k).or_default().push(v.clone());
+                    match &v {
+                        Some(v) => engine.put(&key(k), v).map(|_| ()).unwrap(),
+                        None => engine.delete(&key(k)).unwrap(),
+                    }
+                    if i % 50 == 49 {
+                        engine.sync().unwrap();
+                        let mut m = model.lock().unwrap();
+                        let mine: Vec<u32> = m.since_sync.keys().copied().filter(|k| k / WRITER_KEYS == w).collect();
+                        for k in mine {
+                            let v = m.since_sync.remove(&k).and_then(|mut vs| vs.pop()).expect("one value");
+                            m.synced.insert(k, v);
+                        }
+                    }
+                }
+            });
         }
-        if i % 50 == 49 {
-            engine.sync().unwrap();
-            let mut m = model.lock().unwrap();
-            let written = std::mem::take(&mut m.since_sync);
-            m.synced.extend(written.into_iter().map(|(k, mut vs)| (k, vs.pop().expect("one value"))));
-        }
-    }
+    });
     let stats = engine.stats();
     if mode == Mode::Cache {
         assert!(stats.evicted_blocks > 0, "the workload must evict: {stats:?}");
