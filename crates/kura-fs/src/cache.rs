@@ -184,7 +184,7 @@ pub struct Node {
     stale: AtomicBool,
     /// Whether this process is recorded in the inode's openers; held while the count of opens
     /// crosses zero and the record changes, so a close and an open never reorder them.
-    registered: Mutex<bool>,
+    pub(crate) registered: Mutex<bool>,
 }
 
 struct NodeInner {
@@ -295,6 +295,11 @@ impl Node {
     /// The size this process sees.
     pub fn size(&self) -> u64 {
         self.inner.lock().size
+    }
+
+    /// Whether this process has the file open.
+    pub(crate) fn is_open(&self) -> bool {
+        self.inner.lock().opens > 0
     }
 
     /// Whether this process has data of the file not yet in the pool.

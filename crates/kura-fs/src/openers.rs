@@ -89,11 +89,17 @@ impl Fs {
     /// this (an unlink between the lookup and the open) is `NotFound`, unless this process
     /// already has it open (another instance, e.g. before an `exec` that kept the descriptor).
     pub(crate) fn register_opener(&self, ino: u64) -> Result<bool> {
+        self.register_opener_as(ino, false)
+    }
+
+    /// `inherited`: the process got the file open from its parent (`fork`), which is recorded,
+    /// so a file already without a name is registered too.
+    fn register_opener_as(&self, ino: u64, inherited: bool) -> Result<bool> {
         let me = self.opener();
         let this_process = |o: &Opener| (o.machine, o.boot, o.pid, o.start_ticks) == (me.machine, me.boot, me.pid, me.start_ticks);
         let mut recorded = false;
         self.update_inode(ino, |inode| {
-            if inode.nlink == 0 && !inode.openers.iter().any(this_process) {
+            if inode.nlink == 0 && !inherited && !inode.openers.iter().any(this_process) {
                 return Err(FsError::NotFound);
             }
             Self::prune_openers(inode, &me);
@@ -108,6 +114,29 @@ impl Fs {
             tracing::warn!(ino, openers_max = OPENERS_MAX, "too many processes have this file open: an unlink elsewhere will not wait for this one");
         }
         Ok(recorded)
+    }
+
+    /// In the child of a `fork`: records this process in every file it inherited open (and
+    /// recorded in the parent), so the file outlives the parent's last close if another
+    /// process removes it. A file deleted before this (the parent closed it after an unlink
+    /// elsewhere) is left unregistered; its descriptors then answer `ESTALE`.
+    pub fn register_inherited_opens(&self) -> Result<()> {
+        let nodes: Vec<_> = self.nodes.lock().values().cloned().collect();
+        let mut first_error = None;
+        for node in nodes {
+            let mut registered = node.registered.lock();
+            if !*registered || !node.is_open() {
+                continue;
+            }
+            match self.register_opener_as(node.ino, true) {
+                Ok(recorded) => *registered = recorded,
+                Err(FsError::NotFound) => *registered = false,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Removes this process from the openers of `ino`; deletes the file when that leaves it

@@ -573,6 +573,28 @@ os.kill(pid, signal.SIGKILL)
 holder.wait()
 other("ls /kura > /dev/null")
 assert items() == baseline, ("the dead holder's file was not swept", baseline, items())
+
+# A forked child keeps a file open after its parent closed it and another process removed it:
+# reads of parts the parent never cached, and the child's close deletes it.
+other("head -c 200000 /dev/zero | tr '\\0' B > /kura/c")
+fd = os.open("/kura/c", os.O_RDONLY)
+assert os.pread(fd, 10, 0) == b"B" * 10
+go_r, go_w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(go_w)
+    os.read(go_r, 1)
+    ok = os.pread(fd, 10, 150000) == b"B" * 10 and os.fstat(fd).st_nlink == 0
+    os.close(fd)
+    os._exit(0 if ok else 1)
+os.close(go_r)
+os.close(fd)
+other("rm /kura/c")
+assert items() > baseline, "deleted while a forked child had it open"
+os.write(go_w, b"x")
+_, status = os.waitpid(child, 0)
+assert status == 0, ("the forked child lost the removed file", status)
+assert items() == baseline, ("the child's close left the removed file behind", baseline, items())
 print("ok")
 "#;
     let kura = common::kura();
