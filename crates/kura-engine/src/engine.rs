@@ -1671,8 +1671,6 @@ impl Inner {
 
     fn sync(&self) -> Result<()> {
         self.check_writable()?;
-        self.seals.wait_for_started_before_now();
-        self.check_writable()?;
         let mut journal = self.journal.lock();
         let mut staged: Vec<(JournalEntryHeader, Vec<u8>)> = Vec::new();
         for (p, partition) in self.partitions.iter().enumerate() {
@@ -1690,10 +1688,11 @@ impl Inner {
                 staged.push((header, [r.key, r.value].concat()));
             }
         }
-        // A seal that froze a buffer before this sync took its records from it has begun by
-        // now (seals register before they freeze): those records are in its block, which the
-        // device sync below makes durable once it is written.
+        // Records no longer pending above left with a seal that froze their buffer before
+        // this sync took them, and that seal has begun by now (seals register before they
+        // freeze): wait for its block, which the device sync below makes durable.
         self.seals.wait_for_started_before_now();
+        self.check_writable()?;
         let bytes: usize = staged.iter().map(|(_, kv)| JournalWriter::entry_bytes(kv.len(), 0)).sum();
         self.make_journal_room(&mut journal, bytes)?;
         for (header, kv) in &staged {

@@ -188,7 +188,7 @@ fn faults_case(fail_at: u64, sticky: bool, seed: u64) -> Result<(), TestCaseErro
         let ok = got.as_ref() == Some(v) || (pending.contains_key(k) && got.as_ref() == pending.get(k));
         if !ok && std::env::var("KURA_TRACE_FAULT").is_ok() {
             let round = |val: &Option<Vec<u8>>| (0..1200u32).find(|&i| val.as_deref() == Some(&value_for(*k, i, [20, 700, 5000][(i % 3) as usize])[..]));
-            eprintln!("{:?} key {k}: synced op {:?}, pending op {:?}, got op {:?} (len {:?})", std::thread::current().id(), round(&Some(v.clone())), round(&pending.get(k).cloned()), round(&got), got.as_ref().map(Vec::len)); let _ = std::thread::current().id();
+            eprintln!("key {k}: synced op {:?}, pending op {:?}, got op {:?} (len {:?})", round(&Some(v.clone())), round(&pending.get(k).cloned()), round(&got), got.as_ref().map(Vec::len));
             eprintln!("stats {:?}", engine.stats());
         }
         prop_assert!(ok, "synced key {} lost or wrong", k);
@@ -213,7 +213,6 @@ fn regression_ops_gc() -> Vec<Op> { vec![ Op::Put { key: 23, len: 9000, salt: 41
 fn regression_fault_then_crash() {
     faults_case(77, false, 7836788957695681907).unwrap();
 }
-
 
 /// A device that, before every write and sync it passes on, hands the image a crash at that
 /// moment would leave (several ways: each unsynced write applied, dropped or torn) to `probe`.
@@ -280,28 +279,34 @@ fn crash_at_any_point_of_collections_without_live_records_keeps_synced_data() {
 /// records, which collections move) and deletions.
 #[test]
 fn crash_at_any_point_of_collections_moving_records_keeps_synced_data() {
-    crash_points_case(Mode::Store, 0, |i| if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }, Some(true));
+    crash_points_case(Mode::Store, 0, hot_cold_and_deletions, Some(true));
 }
 
 /// As above with background sealers and collector (not deterministic: checks whatever
 /// interleaving of seals, confirmation rounds, collections and syncs this run takes).
 #[test]
 fn crash_at_any_point_with_background_threads_keeps_synced_data() {
-    crash_points_case(Mode::Store, 2, |i| if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }, None);
+    crash_points_case(Mode::Store, 2, hot_cold_and_deletions, None);
 }
 
 /// As above with two writer threads, each syncing its own writes while the other fills and
 /// seals buffers of the same partitions.
 #[test]
 fn crash_at_any_point_with_concurrent_writers_keeps_synced_data() {
-    crash_points_case_with_writers(Mode::Store, 2, 2, |i| if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }, None);
+    crash_points_case_with_writers(Mode::Store, 2, 2, hot_cold_and_deletions, None);
 }
 
 /// Cache mode, where the oldest blocks are dropped: a crash at any point may lose a synced key
 /// to eviction, but never brings back an older value or a deleted key.
 #[test]
 fn crash_at_any_point_in_cache_mode_never_returns_an_older_value() {
-    crash_points_case(Mode::Cache, 0, |i| if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }, None);
+    crash_points_case(Mode::Cache, 0, hot_cold_and_deletions, None);
+}
+
+/// Write `i` of the crash-point workloads with live records left to move: every tenth a cold
+/// key written once, the others overwriting 150 hot keys, every seventh a deletion.
+fn hot_cold_and_deletions(i: u32) -> (u32, bool) {
+    if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }
 }
 
 /// Runs 1,000 writes (`write(i)`: which key, and whether to delete it) with a sync every 50,

@@ -297,11 +297,6 @@ impl Node {
         self.inner.lock().size
     }
 
-    /// Whether this process has the file open.
-    pub(crate) fn is_open(&self) -> bool {
-        self.inner.lock().opens > 0
-    }
-
     /// Whether this process has data of the file not yet in the pool.
     pub fn is_dirty(&self) -> bool {
         let inner = self.inner.lock();

@@ -125,7 +125,8 @@ impl Fs {
         let mut first_error = None;
         for node in nodes {
             let mut registered = node.registered.lock();
-            if !*registered || !node.is_open() {
+            // Registered implies open: the last close clears it under the same lock.
+            if !*registered {
                 continue;
             }
             match self.register_opener_as(node.ino, true) {

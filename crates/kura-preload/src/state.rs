@@ -250,7 +250,9 @@ extern "C" fn atfork_child() {
             // Before fork returns: the parent may close its descriptors right away. (A child
             // cannot use its parent's embedded engine at all.)
             let _busy = Busy::enter();
-            if let Err(e) = if state.embedded { Ok(()) } else { fs.register_inherited_opens() } {
+            if !state.embedded
+                && let Err(e) = fs.register_inherited_opens()
+            {
                 crate::hooks::complain(&format!("libkura_fs: recording this child in its open files failed: {e}"));
             }
         }
