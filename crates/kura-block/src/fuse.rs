@@ -2,8 +2,11 @@
 //! volume's size, for `losetup` to attach (`losetup --direct-io=on` is best) — a real kernel
 //! block device on the pool on machines without the nbd or ublk drivers.
 //!
-//! Every FUSE thread serves one request at a time with its own pool context (a [`Worker`]):
-//! a read or write is split into 4 KiB pool operations submitted together and waited for;
+//! On a networked pool (kura servers, memcached, Redis) the FUSE threads share a few
+//! pipelined pool queues ([`dispatch`]): a request goes to the queue's driving thread, or
+//! its receiver drives the queue itself, and each is answered as it completes. On the embedded engine every FUSE thread serves one request at
+//! a time with its own pool context (a [`Worker`]). Either way a read or write is split into
+//! 4 KiB pool operations submitted together;
 //! `fsync` is the pool's durability barrier; `fallocate(PUNCH_HOLE | ZERO_RANGE)` (what a loop
 //! device sends for discard and write-zeroes) deletes the whole blocks and zeroes the ends.
 //! Files are opened in FUSE `direct_io` mode (no page cache in between, so nothing is dirty
@@ -13,6 +16,7 @@
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,8 +29,13 @@ use kura_pool::Pool;
 use crate::error::BlockError;
 use crate::queue::{BlockQueue, Done, Volume};
 
+mod dispatch;
+
 pub const THREADS_DEFAULT: usize = 32;
 pub const THREADS_MAX: usize = 256;
+/// Pipelined pool queues the FUSE threads of an export on a networked pool share.
+pub const QUEUES_DEFAULT: usize = 2;
+pub const QUEUES_MAX: usize = 64;
 /// Largest read or write the kernel sends in one FUSE request.
 pub const REQUEST_BYTES_MAX: u32 = 1 << 20;
 /// Asynchronous (direct I/O) requests the kernel keeps in flight, at most.
@@ -44,8 +53,12 @@ const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 #[derive(Debug, Clone)]
 pub struct FuseConfig {
     pub read_only: bool,
-    /// FUSE threads (each serves one request at a time, with its own pool context).
+    /// FUSE threads. On the embedded engine each serves one request at a time with its own
+    /// pool context; on a networked pool they share the `queues`.
     pub threads: usize,
+    /// Pipelined pool queues on a networked pool (each one connection per node); 0: none
+    /// (every FUSE thread waits for its own requests, as on the embedded engine).
+    pub queues: usize,
     /// Let other users than the one mounting use the files (`allow_other`).
     pub allow_other: bool,
     /// Pool operations one request keeps in flight, at most.
@@ -54,7 +67,7 @@ pub struct FuseConfig {
 
 impl Default for FuseConfig {
     fn default() -> Self {
-        Self { read_only: false, threads: THREADS_DEFAULT, allow_other: false, window: crate::queue::WINDOW_MAX }
+        Self { read_only: false, threads: THREADS_DEFAULT, queues: QUEUES_DEFAULT, allow_other: false, window: crate::queue::WINDOW_MAX }
     }
 }
 
@@ -69,6 +82,9 @@ struct KuraFs {
     volumes: Vec<Arc<Volume>>,
     config: FuseConfig,
     workers: Mutex<Vec<Worker>>,
+    /// The shared queues; empty on the embedded engine (or with `queues: 0`).
+    dispatchers: Vec<dispatch::Dispatcher>,
+    next_dispatcher: AtomicUsize,
     mounted_at: SystemTime,
     uid: u32,
     gid: u32,
@@ -119,6 +135,15 @@ impl KuraFs {
             blksize: 4096,
             flags: 0,
         }
+    }
+
+    /// The queue to hand the next request to (round robin), if there are any.
+    fn dispatcher(&self) -> Option<&dispatch::Dispatcher> {
+        if self.dispatchers.is_empty() {
+            return None;
+        }
+        let next = self.next_dispatcher.fetch_add(1, Ordering::Relaxed);
+        Some(&self.dispatchers[next % self.dispatchers.len()])
     }
 
     fn take_worker(&self) -> Result<Worker, Errno> {
@@ -244,6 +269,9 @@ impl Filesystem for KuraFs {
         if len == 0 {
             return reply.data(&[]);
         }
+        if let Some(dispatcher) = self.dispatcher() {
+            return dispatcher.run(dispatch::Job::Read { volume: Arc::clone(volume), offset, len, reply });
+        }
         let mut worker = match self.take_worker() {
             Ok(w) => w,
             Err(e) => return reply.error(e),
@@ -284,6 +312,9 @@ impl Filesystem for KuraFs {
             return reply.error(Errno::EFBIG);
         }
         let sync = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
+        if let Some(dispatcher) = self.dispatcher() {
+            return dispatcher.run(dispatch::Job::Write { volume: Arc::clone(volume), offset, data: data.to_vec(), fua: sync, reply });
+        }
         match self.run(|w| w.queue.submit_write(0, volume, offset, data, sync)) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
@@ -309,6 +340,9 @@ impl Filesystem for KuraFs {
         let Some(volume) = self.volume(ino) else {
             return reply.error(Errno::ENOENT);
         };
+        if let Some(dispatcher) = self.dispatcher() {
+            return dispatcher.run(dispatch::Job::Flush { volume: Arc::clone(volume), reply });
+        }
         match self.run(|w| w.queue.submit_flush(0, volume)) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
@@ -349,6 +383,9 @@ impl Filesystem for KuraFs {
             return reply.ok();
         }
         // Both read as zeros afterwards: whole blocks are deleted, the ends zeroed.
+        if let Some(dispatcher) = self.dispatcher() {
+            return dispatcher.run(dispatch::Job::Zeroes { volume: Arc::clone(volume), offset, len: length, reply });
+        }
         match self.run(|w| w.queue.submit_write_zeroes(0, volume, offset, length, false, false)) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
@@ -368,9 +405,19 @@ impl FuseExport {
         if !(1..=THREADS_MAX).contains(&config.threads) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("threads must be 1..={THREADS_MAX}")));
         }
+        if config.queues > QUEUES_MAX {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("queues must be 0..={QUEUES_MAX}")));
+        }
+        let mut dispatchers = Vec::new();
+        for _ in 0..config.queues {
+            match dispatch::Dispatcher::new(&pool, config.window)? {
+                Some(dispatcher) => dispatchers.push(dispatcher),
+                None => break, // the embedded engine: a pool context per FUSE thread
+            }
+        }
         // SAFETY: getuid/getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let fs = KuraFs { pool, volumes, config: config.clone(), workers: Mutex::new(Vec::new()), mounted_at: SystemTime::now(), uid, gid };
+        let fs = KuraFs { pool, volumes, config: config.clone(), workers: Mutex::new(Vec::new()), dispatchers, next_dispatcher: AtomicUsize::new(0), mounted_at: SystemTime::now(), uid, gid };
         let mut options = Config::default();
         options.mount_options = vec![MountOption::FSName("kura".into()), MountOption::Subtype("kura-volumes".into()), MountOption::DefaultPermissions, MountOption::NoExec, MountOption::NoSuid, MountOption::NoDev];
         if config.read_only {

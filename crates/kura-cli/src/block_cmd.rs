@@ -125,9 +125,16 @@ pub struct FuseArgs {
     /// Read-only files.
     #[arg(long)]
     read_only: bool,
-    /// FUSE threads, each serving one request at a time with its own pool connections.
+    /// FUSE threads. On a networked pool they share the --queues; on the embedded engine each
+    /// serves one request at a time.
     #[arg(long, default_value_t = kura_block::fuse::THREADS_DEFAULT)]
     threads: usize,
+    /// Pipelined pool queues the FUSE threads share on a networked pool (kura servers,
+    /// memcached, Redis): each sends the requests handed to it together over one connection
+    /// per node and answers each as it completes; 0: every FUSE thread uses its own
+    /// connections and waits for its own request.
+    #[arg(long, default_value_t = kura_block::fuse::QUEUES_DEFAULT)]
+    queues: usize,
     /// Let users other than the one mounting open the files (needs user_allow_other in
     /// /etc/fuse.conf when not root).
     #[arg(long)]
@@ -261,7 +268,7 @@ fn run_fuse(args: FuseArgs) -> anyhow::Result<()> {
     let handle = args.pool.open()?;
     let volumes = open_volumes(&handle, &args.volumes)?;
     let names: Vec<String> = volumes.iter().map(|v| v.meta.name.clone()).collect();
-    let config = FuseConfig { read_only: args.read_only, threads: args.threads, allow_other: args.allow_other, ..FuseConfig::default() };
+    let config = FuseConfig { read_only: args.read_only, threads: args.threads, queues: args.queues, allow_other: args.allow_other, ..FuseConfig::default() };
     let export = FuseExport::mount(handle.pool.clone(), volumes, &args.mountpoint, config).with_context(|| format!("mounting on {}", args.mountpoint.display()))?;
     println!("mounted {} volume(s) at {}: {}", names.len(), args.mountpoint.display(), names.join(" "));
     wait_for_termination(&signals);

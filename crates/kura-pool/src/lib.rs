@@ -54,5 +54,5 @@ pub use cluster::slot as cluster_slot;
 pub use config::{Backend, FlushMode, NodeSpec, PoolConfig, parse_size};
 pub use error::{Error, Result};
 pub use key::{BLOCK_KEY_BYTES, KEY_SIZE_BYTES_MAX, block_key};
-pub use pool::{Completion, Context, Outcome, Pool};
+pub use pool::{Completion, Context, Outcome, Pool, Waker};
 pub use stats::IoStats;

@@ -30,6 +30,8 @@ use crate::stats::IoStats;
 const EAGER_WRITE_BYTES: usize = 256 << 10;
 /// Events taken from one `epoll_wait`.
 const EVENTS_MAX: usize = 256;
+/// The mio token of the context's [`crate::Waker`] (connections use their index).
+const WAKE_TOKEN: Token = Token(usize::MAX);
 /// Pause before a Redis Cluster request is routed again after a failure.
 const CLUSTER_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// Slot-map refreshes of one cluster, at most one per this interval.
@@ -128,6 +130,8 @@ pub(crate) struct NetContext {
     sink: Sink,
     next_flush_id: u64,
     woken: Vec<(usize, bool, bool)>,
+    /// Made by the first [`NetContext::waker`] call.
+    waker: Option<Arc<mio::Waker>>,
 }
 
 impl NetContext {
@@ -153,6 +157,7 @@ impl NetContext {
             sink,
             next_flush_id: 0,
             woken: Vec::new(),
+            waker: None,
             shared: Arc::clone(&shared),
         };
         for (index, node) in shared.config.nodes.iter().enumerate() {
@@ -186,6 +191,16 @@ impl NetContext {
 
     pub fn in_flight_max(&self) -> usize {
         self.shared.config.in_flight_max
+    }
+
+    /// A handle that makes a [`NetContext::poll`] in progress (or the next one) return.
+    pub fn waker(&mut self) -> Result<Arc<mio::Waker>> {
+        if let Some(waker) = &self.waker {
+            return Ok(Arc::clone(waker));
+        }
+        let waker = Arc::new(mio::Waker::new(self.poll.registry(), WAKE_TOKEN)?);
+        self.waker = Some(Arc::clone(&waker));
+        Ok(waker)
     }
 
     pub fn stats(&self) -> IoStats {
@@ -447,7 +462,12 @@ impl NetContext {
                 Err(e) => return Err(e.into()),
             }
             self.woken.clear();
+            let mut woken_up = false;
             for event in &self.events {
+                if event.token() == WAKE_TOKEN {
+                    woken_up = true;
+                    continue;
+                }
                 let readable = event.is_readable() || event.is_read_closed() || event.is_error();
                 self.woken.push((event.token().0, readable, event.is_writable()));
             }
@@ -461,6 +481,10 @@ impl NetContext {
                 }
             }
             self.check_timeouts(Instant::now());
+            if woken_up {
+                self.deliver_ready(on_complete);
+                break;
+            }
         }
         Ok(self.sink.delivered)
     }

@@ -143,6 +143,26 @@ fn open_engine(node: &NodeSpec, config: &PoolConfig) -> Result<Engine> {
     Ok(Engine::open(path, &engine_config)?)
 }
 
+/// Wakes a [`Context`] waiting in [`Context::poll`] (see [`Context::waker`]).
+#[derive(Clone)]
+pub struct Waker(Arc<mio::Waker>);
+
+impl Waker {
+    /// Makes the context's current or next `poll` return; cheap enough to call per request
+    /// handed over (one `eventfd` write).
+    pub fn wake(&self) {
+        if let Err(e) = self.0.wake() {
+            tracing::error!(error = %e, "pool: cannot wake a context");
+        }
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
+}
+
 /// One thread's handle on the pool: submit requests with a token, then [`Context::poll`] for
 /// completions. Many requests may be in flight (up to `in_flight_max`); requests to the same
 /// node leave together in one send and their replies are read together. Not `Sync`: one
@@ -204,6 +224,17 @@ impl Context {
         match &mut self.inner {
             Inner::Embedded(c) => c.poll(timeout, on_complete),
             Inner::Net(c) => c.poll(timeout, on_complete),
+        }
+    }
+
+    /// A handle another thread can use to make this context's [`Context::poll`] return early
+    /// (with whatever completed, possibly nothing), so a thread that waits for completions
+    /// also notices new work handed to it. `None` for the embedded engine, whose waits are
+    /// for its own reads only.
+    pub fn waker(&mut self) -> Result<Option<Waker>> {
+        match &mut self.inner {
+            Inner::Embedded(_) => Ok(None),
+            Inner::Net(c) => Ok(Some(Waker(c.waker()?))),
         }
     }
 

@@ -18,6 +18,8 @@ fn the_common_scenario() {
     let pool = Pool::open(config(dir.path())).unwrap();
     // Recent writes are answered from the engine's RAM buffers: no flash reads to count.
     common::exercise(&pool, true);
+    // Its waits are for its own reads, which always finish: nothing to wake.
+    assert!(pool.context().unwrap().waker().unwrap().is_none());
 }
 
 #[test]

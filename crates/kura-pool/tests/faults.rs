@@ -84,3 +84,29 @@ fn a_silent_node_times_out() {
     assert!(started.elapsed() < Duration::from_millis(250));
     assert_eq!(ctx.in_flight(), 1);
 }
+
+/// A thread that waits for a slow node can be woken by another one (the FUSE export's
+/// dispatchers wait like that for both completions and new requests).
+#[test]
+fn a_waker_ends_a_wait_for_a_silent_node() {
+    let server = FakeServer::start(Misbehaviour::Silent);
+    let pool = pool(server.url(), 30_000);
+    let mut ctx = pool.context().unwrap();
+    let waker = ctx.waker().unwrap().expect("a networked pool's context can be woken");
+    ctx.submit_get(b"a", 1).unwrap();
+    let started = Instant::now();
+    let wake_from = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        waker.wake();
+    });
+    assert_eq!(ctx.poll(None, &mut |_| panic!("no reply expected")).unwrap(), 0);
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(100) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert_eq!(ctx.in_flight(), 1, "the request is still in flight");
+    wake_from.join().unwrap();
+    // A wake-up sent while nobody waits ends the next wait at once.
+    ctx.waker().unwrap().unwrap().wake();
+    let started = Instant::now();
+    assert_eq!(ctx.poll(None, &mut |_| panic!("no reply expected")).unwrap(), 0);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
