@@ -159,7 +159,14 @@ const URING_DEPTH_MAX: usize = 4096;
 impl UringQueue {
     fn new(device: Arc<dyn Device>, fd: RawFd, depth: usize, notify: bool) -> io::Result<Self> {
         let depth = depth.clamp(1, URING_DEPTH_MAX);
-        let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
+        let entries = depth.next_power_of_two() as u32;
+        // Completions wait for the thread's next system call instead of interrupting it
+        // (Linux 5.19+); older kernels refuse the flag and get a plain ring.
+        let ring = match io_uring::IoUring::builder().setup_coop_taskrun().build(entries) {
+            Ok(ring) => ring,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => io_uring::IoUring::new(entries)?,
+            Err(e) => return Err(e),
+        };
         let eventfd = if notify {
             // SAFETY: eventfd has no memory arguments; its result is checked before use.
             let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
