@@ -461,3 +461,48 @@ fn concurrent_sector_writes_to_one_block_from_two_connections() {
         assert_eq!(&data[offset as usize..offset as usize + 512], &pattern(offset, 512)[..], "sector {sector}");
     }
 }
+
+/// The kura server dies (`kill -9`) under a running NBD export. On a connection opened
+/// before, a read gets the protocol's error reply (EIO) and the connection stays usable; a new
+/// connection is refused at the handshake with the reason. Once the server is back on the same
+/// store, the same connection serves again, with what was flushed before the crash.
+#[test]
+fn a_server_that_dies_under_the_export_fails_reads_then_serves_again() {
+    try_or_skip!(require_cmd("qemu-io"));
+    let mut backend = Backend::kura();
+    backend.create_volume("s", "16M");
+    let nbd = NbdProcess::start(&backend.url(), &[]);
+    let uri = nbd.uri("s");
+    run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0xc4 1M 1M", "-c", "flush"]).unwrap();
+    let mut client = RawClient::connect(&nbd.addr);
+    assert_eq!(client.go("s"), 16 << 20);
+    client.request(proto::CMD_READ, 0, 1, 1 << 20, 4096, &[]);
+    assert_eq!(client.reply(4096), (0, 1, vec![0xc4; 4096]));
+
+    let Backend::Kura(server) = &mut backend else { unreachable!() };
+    server.kill();
+    let started = std::time::Instant::now();
+    client.request(proto::CMD_READ, 0, 2, 1 << 20, 4096, &[]);
+    let (error, handle, _) = client.reply(4096);
+    assert_eq!((error, handle), (proto::EIO, 2), "a read with the server gone gets EIO");
+    eprintln!("server down: the read failed after {:?}", started.elapsed());
+    let refused = run("qemu-io", &["-f", "raw", &uri, "-c", "read 0 4k"]).expect_err("a new connection while the pool is down");
+    assert!(refused.contains("is down"), "the handshake says why: {refused}");
+
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut handle = 3;
+    loop {
+        client.request(proto::CMD_READ, 0, handle, 1 << 20, 4096, &[]);
+        let (error, got, data) = client.reply(4096);
+        assert_eq!(got, handle);
+        if error == 0 {
+            assert_eq!(data, vec![0xc4; 4096], "flushed data after the server's crash");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no read succeeded within 30 s of the restart (error {error})");
+        std::thread::sleep(Duration::from_millis(500));
+        handle += 1;
+    }
+    run("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0xc4 1M 1M"]).unwrap();
+}
