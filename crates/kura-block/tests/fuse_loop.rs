@@ -63,6 +63,16 @@ impl Drop for FuseProcess {
     }
 }
 
+/// A new scratch directory with `kura block fuse` mounted on its `mnt` (unmounted before the
+/// directory goes: the process is dropped first).
+fn mount_fresh(pool_url: &str) -> (tempfile::TempDir, PathBuf, FuseProcess) {
+    let dir = tempfile::tempdir_in(common::scratch_dir()).unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fuse = FuseProcess::start(pool_url, &mnt);
+    (dir, mnt, fuse)
+}
+
 /// A loop device on a file; detached (and anything mounted from `state` unmounted) on drop.
 struct Loop {
     dev: String,
@@ -108,10 +118,7 @@ fn ext4_and_xfs_on_loop_over_fuse_survive_a_restart() {
         for fs in fs_types {
             backend.create_volume(&format!("vol-{fs}"), "512M");
         }
-        let dir = tempfile::tempdir_in(common::scratch_dir()).unwrap();
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let mut fuse = FuseProcess::start(&backend.url(), &mnt);
+        let (dir, mnt, mut fuse) = mount_fresh(&backend.url());
         for fs in fs_types {
             let file = mnt.join(format!("vol-{fs}"));
             assert_eq!(std::fs::metadata(&file).unwrap().len(), 512 << 20);
@@ -138,10 +145,7 @@ fn fio_verify_through_loop_on_every_backend() {
     try_or_skip!(require_cmd("fio"));
     for backend in Backend::all() {
         backend.create_volume("f", "64M");
-        let dir = tempfile::tempdir_in(common::scratch_dir()).unwrap();
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let mut fuse = FuseProcess::start(&backend.url(), &mnt);
+        let (dir, mnt, mut fuse) = mount_fresh(&backend.url());
         {
             let lo = Loop::attach(&mnt.join("f"), dir.path());
             let filename = format!("--filename={}", lo.dev);
@@ -188,10 +192,7 @@ fn a_server_that_dies_under_the_export_fails_reads_then_serves_again() {
     }
     let mut backend = Backend::kura();
     backend.create_volume("g", "16M");
-    let dir = tempfile::tempdir_in(common::scratch_dir()).unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut fuse = FuseProcess::start(&backend.url(), &mnt);
+    let (dir, mnt, mut fuse) = mount_fresh(&backend.url());
     {
         let lo = Loop::attach(&mnt.join("g"), dir.path());
         let data = common::pattern(7, 1 << 20);
