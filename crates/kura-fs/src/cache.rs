@@ -220,6 +220,8 @@ pub(crate) struct CacheState {
     room_lock: Mutex<()>,
     wb_kick: Condvar,
     wb_state: Mutex<WritebackState>,
+    /// `pause_writeback` holds `wb_state` (across `fork`).
+    wb_state_held: AtomicBool,
     /// `wb_state.worker_pid`, readable without the lock (writers check it on every write).
     worker_pid: AtomicU32,
     interval: Duration,
@@ -232,7 +234,6 @@ struct WritebackState {
     /// The process whose worker is running (after `fork` the child starts its own).
     worker_pid: u32,
     kicked: bool,
-    paused: bool,
 }
 
 impl CacheState {
@@ -248,6 +249,7 @@ impl CacheState {
             room_lock: Mutex::new(()),
             wb_kick: Condvar::new(),
             wb_state: Mutex::new(WritebackState::default()),
+            wb_state_held: AtomicBool::new(false),
             worker_pid: AtomicU32::new(0),
             interval: Duration::from_millis(config.writeback_interval_ms.max(1)),
             readahead_pages: u64::from(config.readahead_pages.max(1)),
@@ -1018,18 +1020,27 @@ impl Fs {
         self.me.upgrade()
     }
 
-    /// Stops the write-back worker between passes (held across `fork`, so the child never
-    /// inherits a half-done pass).
+    /// Stops the write-back worker between passes, for `fork` (its prepare handler): the
+    /// child never inherits a half-done pass, nor the worker's state lock taken by a thread
+    /// the child does not have (the worker takes it each time it wakes up, writers to kick
+    /// it). Both stay held across `fork`; [`Fs::resume_writeback`] releases them, in the
+    /// parent and in the child, on the thread that called this.
     pub fn pause_writeback(&self) {
-        let mut state = self.cache.wb_state.lock();
-        state.paused = true;
-        drop(state);
         self.cache.pass.lock_pause();
+        // After the pass gate: the worker takes the state lock only before the gate, and
+        // drops it before it waits there.
+        std::mem::forget(self.cache.wb_state.lock());
+        self.cache.wb_state_held.store(true, Ordering::Release);
     }
 
     pub fn resume_writeback(&self) {
+        if self.cache.wb_state_held.swap(false, Ordering::AcqRel) {
+            // SAFETY: pause_writeback leaked a guard of this mutex on this thread (fork's
+            // prepare handler and its parent/child handler run on the same thread), so it is
+            // locked, and by this thread.
+            unsafe { self.cache.wb_state.force_unlock() };
+        }
         self.cache.pass.unlock_pause();
-        self.cache.wb_state.lock().paused = false;
     }
 }
 
@@ -1084,6 +1095,27 @@ mod tests {
 
     fn page(tag: u8) -> Page {
         Page { data: vec![tag; 4].into_boxed_slice(), dirty: false, in_flight: false }
+    }
+
+    /// `fork`'s prepare handler pauses write-back; until the parent's or child's handler
+    /// resumes it, every lock of the write-back machinery stays held by the forking thread, so
+    /// the child never inherits one held by a thread it does not have (the worker takes its
+    /// state lock each time it wakes; a child forked then hung in its fork handler).
+    #[test]
+    fn pausing_for_fork_holds_the_write_back_locks_until_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = kura_pool::PoolConfig::embedded(&dir.path().join("fs.kura"), 256 << 20);
+        config.engine.block_size_bytes = 1 << 20;
+        config.engine.direct_io = false;
+        config.value_size_max_bytes = 64 << 10;
+        let kv = Arc::new(crate::kv::PoolKv::new(kura_pool::Pool::open(config).unwrap()).unwrap());
+        let fs = Fs::open(kv, FsConfig::default(), crate::ns::Owner { uid: 0, gid: 0 }).unwrap();
+        let held_elsewhere = |fs: &Fs| std::thread::scope(|s| s.spawn(|| (fs.cache.wb_state.try_lock().is_none(), fs.cache.pass.lock.try_lock().is_none())).join().unwrap());
+        assert_eq!(held_elsewhere(&fs), (false, false));
+        fs.pause_writeback();
+        assert_eq!(held_elsewhere(&fs), (true, true), "both locks held across fork");
+        fs.resume_writeback();
+        assert_eq!(held_elsewhere(&fs), (false, false));
     }
 
     /// The page map against a `BTreeMap` model, across the dense/sparse boundary.
