@@ -219,14 +219,13 @@ pub(crate) struct CacheState {
     room: Condvar,
     room_lock: Mutex<()>,
     wb_kick: Condvar,
-    wb_state: Mutex<WritebackState>,
-    /// `pause_writeback` holds `wb_state` (across `fork`).
-    wb_state_held: AtomicBool,
+    wb_state: ForkHeld<WritebackState>,
     /// `wb_state.worker_pid`, readable without the lock (writers check it on every write).
     worker_pid: AtomicU32,
     interval: Duration,
     readahead_pages: u64,
-    pass: PassGate,
+    /// A pass of the write-back worker holds this; `fork` takes it so no pass is half done.
+    pass: ForkHeld<()>,
 }
 
 #[derive(Default)]
@@ -248,12 +247,11 @@ impl CacheState {
             room: Condvar::new(),
             room_lock: Mutex::new(()),
             wb_kick: Condvar::new(),
-            wb_state: Mutex::new(WritebackState::default()),
-            wb_state_held: AtomicBool::new(false),
+            wb_state: ForkHeld::new(WritebackState::default()),
             worker_pid: AtomicU32::new(0),
             interval: Duration::from_millis(config.writeback_interval_ms.max(1)),
             readahead_pages: u64::from(config.readahead_pages.max(1)),
-            pass: PassGate { locked: AtomicBool::new(false), lock: Mutex::new(()) },
+            pass: ForkHeld::new(()),
         }
     }
 }
@@ -989,7 +987,7 @@ impl Fs {
     }
 
     fn kick_writeback(&self) {
-        let mut state = self.cache.wb_state.lock();
+        let mut state = self.cache.wb_state.lock.lock();
         state.kicked = true;
         self.cache.wb_kick.notify_one();
     }
@@ -1003,7 +1001,7 @@ impl Fs {
         let Some(fs) = self.self_arc() else {
             return;
         };
-        let mut state = self.cache.wb_state.lock();
+        let mut state = self.cache.wb_state.lock.lock();
         if state.worker_pid == pid {
             return;
         }
@@ -1026,40 +1024,40 @@ impl Fs {
     /// it). Both stay held across `fork`; [`Fs::resume_writeback`] releases them, in the
     /// parent and in the child, on the thread that called this.
     pub fn pause_writeback(&self) {
-        self.cache.pass.lock_pause();
+        self.cache.pass.hold();
         // After the pass gate: the worker takes the state lock only before the gate, and
         // drops it before it waits there.
-        std::mem::forget(self.cache.wb_state.lock());
-        self.cache.wb_state_held.store(true, Ordering::Release);
+        self.cache.wb_state.hold();
     }
 
     pub fn resume_writeback(&self) {
-        if self.cache.wb_state_held.swap(false, Ordering::AcqRel) {
-            // SAFETY: pause_writeback leaked a guard of this mutex on this thread (fork's
-            // prepare handler and its parent/child handler run on the same thread), so it is
-            // locked, and by this thread.
-            unsafe { self.cache.wb_state.force_unlock() };
-        }
-        self.cache.pass.unlock_pause();
+        self.cache.wb_state.release();
+        self.cache.pass.release();
     }
 }
 
-/// A pass of a write-back worker holds this; `fork` takes it so no pass is half done.
-struct PassGate {
-    locked: AtomicBool,
-    lock: Mutex<()>,
+/// A mutex that `fork`'s prepare handler can hold across `fork`, for its parent and child
+/// handlers (on the same thread) to release.
+struct ForkHeld<T> {
+    held: AtomicBool,
+    lock: Mutex<T>,
 }
 
-impl PassGate {
-    fn lock_pause(&self) {
+impl<T> ForkHeld<T> {
+    fn new(value: T) -> Self {
+        Self { held: AtomicBool::new(false), lock: Mutex::new(value) }
+    }
+
+    fn hold(&self) {
         std::mem::forget(self.lock.lock());
-        self.locked.store(true, Ordering::Release);
+        self.held.store(true, Ordering::Release);
     }
 
-    fn unlock_pause(&self) {
-        if self.locked.swap(false, Ordering::AcqRel) {
-            // SAFETY: lock_pause leaked the guard of this mutex on this thread (fork's prepare
-            // handler and its parent/child handler run on the same thread), so it is locked.
+    fn release(&self) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            // SAFETY: hold leaked the guard of this mutex on this thread (fork's prepare
+            // handler and its parent/child handler run on the same thread), so it is locked,
+            // and by this thread.
             unsafe { self.lock.force_unlock() };
         }
     }
@@ -1074,7 +1072,7 @@ fn writeback_worker(fs: Weak<Fs>, pid: u32) {
             return;
         }
         {
-            let mut state = strong.cache.wb_state.lock();
+            let mut state = strong.cache.wb_state.lock.lock();
             if !state.kicked {
                 let interval = strong.cache.interval;
                 strong.cache.wb_kick.wait_for(&mut state, interval);
@@ -1110,7 +1108,7 @@ mod tests {
         config.value_size_max_bytes = 64 << 10;
         let kv = Arc::new(crate::kv::PoolKv::new(kura_pool::Pool::open(config).unwrap()).unwrap());
         let fs = Fs::open(kv, FsConfig::default(), crate::ns::Owner { uid: 0, gid: 0 }).unwrap();
-        let held_elsewhere = |fs: &Fs| std::thread::scope(|s| s.spawn(|| (fs.cache.wb_state.try_lock().is_none(), fs.cache.pass.lock.try_lock().is_none())).join().unwrap());
+        let held_elsewhere = |fs: &Fs| std::thread::scope(|s| s.spawn(|| (fs.cache.wb_state.lock.try_lock().is_none(), fs.cache.pass.lock.try_lock().is_none())).join().unwrap());
         assert_eq!(held_elsewhere(&fs), (false, false));
         fs.pause_writeback();
         assert_eq!(held_elsewhere(&fs), (true, true), "both locks held across fork");

@@ -144,7 +144,7 @@ fn open_engine(node: &NodeSpec, config: &PoolConfig) -> Result<Engine> {
 }
 
 /// Wakes a [`Context`] waiting in [`Context::poll`] (see [`Context::waker`]).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Waker(Arc<mio::Waker>);
 
 impl Waker {
@@ -154,12 +154,6 @@ impl Waker {
         if let Err(e) = self.0.wake() {
             tracing::error!(error = %e, "pool: cannot wake a context");
         }
-    }
-}
-
-impl std::fmt::Debug for Waker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Waker")
     }
 }
 

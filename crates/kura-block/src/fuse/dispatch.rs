@@ -21,6 +21,7 @@ use fuser::{Errno, ReplyData, ReplyEmpty, ReplyWrite};
 use kura_pool::{Pool, Waker};
 
 use crate::error::BlockError;
+use super::KuraFs;
 use crate::queue::{BlockQueue, Done, Volume};
 
 /// Requests one dispatcher keeps in flight, at most (the kernel sends at most
@@ -211,7 +212,7 @@ impl Driver {
         if let Err(e) = submitted {
             let pending = self.pending[slot].take().expect("just stored");
             self.free.push(slot);
-            pending.fail(errno(&e));
+            pending.fail(KuraFs::errno(&e));
         }
     }
 
@@ -229,7 +230,7 @@ impl Driver {
             }
             (Pending::Write { reply, len }, Ok(())) => reply.written(len),
             (Pending::Empty(reply), Ok(())) => reply.ok(),
-            (pending, Err(e)) => pending.fail(errno(&e)),
+            (pending, Err(e)) => pending.fail(KuraFs::errno(&e)),
         }
     }
 
@@ -257,9 +258,4 @@ impl Driver {
             }
         }
     }
-}
-
-fn errno(e: &BlockError) -> Errno {
-    tracing::debug!(error = %e, "fuse: request failed");
-    Errno::from_i32(e.errno())
 }
