@@ -17,6 +17,7 @@
 //! (`WRITE_ZEROES`) or left alone (`DISCARD` is advisory).
 
 use std::collections::{HashSet, VecDeque};
+use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -502,6 +503,12 @@ impl<B: ReadBuf> BlockQueue<B> {
     /// over, which may be 0 when a completion only moved a request on (call it again while
     /// [`BlockQueue::requests`] is above 0).
     pub fn poll(&mut self, timeout: Option<Duration>, on_done: &mut dyn FnMut(Done<B>)) -> Result<usize> {
+        self.poll_watching(timeout, None, on_done)
+    }
+
+    /// [`BlockQueue::poll`] that also returns early when new data arrives on `watch` (the
+    /// client socket; see [`kura_pool::Context::poll_watching`]).
+    pub fn poll_watching(&mut self, timeout: Option<Duration>, watch: Option<RawFd>, on_done: &mut dyn FnMut(Done<B>)) -> Result<usize> {
         self.pump();
         let mut delivered = self.deliver(on_done);
         if delivered > 0 || self.st.live == 0 {
@@ -513,7 +520,7 @@ impl<B: ReadBuf> BlockQueue<B> {
             std::thread::sleep(pause);
         } else {
             let st = &mut self.st;
-            self.ctx.poll(timeout, &mut |c| st.on_completion(c)).map_err(BlockError::from_pool)?;
+            self.ctx.poll_watching(timeout, watch, &mut |c| st.on_completion(c)).map_err(BlockError::from_pool)?;
         }
         self.pump();
         delivered += self.deliver(on_done);

@@ -63,6 +63,15 @@ pub trait IoQueue: Send {
     fn depth(&self) -> usize;
     /// Issues queued reads and waits until at least `min_complete` have finished.
     fn wait(&mut self, min_complete: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()>;
+    /// Like [`IoQueue::wait`], but also returns, with `true`, as soon as `watch` (a descriptor
+    /// the caller keeps open while this queue lives) has data to read, so a thread that waits
+    /// for its reads still notices new requests on its socket. A queue that cannot watch
+    /// descriptors just waits and returns `false`.
+    fn wait_watching(&mut self, min_complete: usize, watch: Option<RawFd>, out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
+        let _ = watch;
+        self.wait(min_complete, out)?;
+        Ok(false)
+    }
     /// Issues queued reads without waiting (so a batch of completions being processed does not
     /// hold back the reads it produces).
     fn submit(&mut self) -> io::Result<()> {
@@ -151,6 +160,10 @@ struct UringQueue {
     unsubmitted: usize,
     /// Signalled by the kernel on every completion ([`io_queue_notifying`]).
     eventfd: Option<OwnedFd>,
+    /// The descriptor a one-shot poll is armed on ([`IoQueue::wait_watching`]).
+    watch_armed: Option<RawFd>,
+    /// That poll fired since the last wait.
+    watch_fired: bool,
 }
 
 /// Largest io_uring queue (reads in flight per queue).
@@ -188,12 +201,35 @@ impl UringQueue {
             free_slots: (0..depth as u32).rev().collect(),
             unsubmitted: 0,
             eventfd,
+            watch_armed: None,
+            watch_fired: false,
         })
+    }
+
+    /// Issues queued reads, waits until `want` completions are posted and collects them.
+    fn enter(&mut self, want: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
+        loop {
+            match self.ring.submit_and_wait(want) {
+                Ok(_) => break,
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        self.unsubmitted = 0;
+        self.collect(out);
+        Ok(())
     }
 
     /// Moves every posted completion to `out`, handing each read's buffer back.
     fn collect(&mut self, out: &mut Vec<ReadCompletion>) {
         for cqe in self.ring.completion() {
+            if cqe.user_data() == WATCH_TOKEN {
+                // Readable, hung up or failed (a closed socket): the caller finds out which
+                // when it reads.
+                self.watch_armed = None;
+                self.watch_fired = true;
+                continue;
+            }
             let slot = cqe.user_data() as usize;
             let (token, buf) = self.slots[slot].take().expect("completion for an empty slot");
             self.free_slots.push(slot as u32);
@@ -248,17 +284,24 @@ impl IoQueue for UringQueue {
     }
 
     fn wait(&mut self, min_complete: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
-        let want = min_complete.min(self.in_flight());
-        loop {
-            match self.ring.submit_and_wait(want) {
-                Ok(_) => break,
-                Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(error) => return Err(error),
+        self.enter(min_complete.min(self.in_flight()), out)
+    }
+
+    fn wait_watching(&mut self, min_complete: usize, watch: Option<RawFd>, out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
+        if let Some(fd) = watch
+            && self.watch_armed.is_none()
+        {
+            let entry = io_uring::opcode::PollAdd::new(io_uring::types::Fd(fd), libc::POLLIN as u32).build().user_data(WATCH_TOKEN);
+            // SAFETY: a poll refers to no memory of ours; the caller keeps `fd` open while
+            // this queue lives (and an armed poll holds its own reference to the file).
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.watch_armed = Some(fd);
             }
         }
-        self.unsubmitted = 0;
-        self.collect(out);
-        Ok(())
+        self.watch_fired = false;
+        // The armed poll counts as a completion to wait for.
+        self.enter(min_complete.min(self.in_flight() + usize::from(self.watch_armed.is_some())), out)?;
+        Ok(std::mem::take(&mut self.watch_fired))
     }
 
     fn reap(&mut self, out: &mut Vec<ReadCompletion>) {
@@ -281,6 +324,8 @@ impl IoQueue for UringQueue {
 
 /// `user_data` of the cancellation a dropped queue sends (read slots are below 2^32).
 const CANCEL_TOKEN: u64 = u64::MAX;
+/// `user_data` of the poll [`IoQueue::wait_watching`] arms on the caller's descriptor.
+const WATCH_TOKEN: u64 = u64::MAX - 1;
 
 impl Drop for UringQueue {
     /// Closing the ring does not wait for reads in flight, and the kernel writes into their
@@ -819,6 +864,57 @@ mod tests {
         done[0].result.as_ref().unwrap();
         assert!(done[0].buf.iter().all(|&b| b == 5));
         assert_eq!(queue.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_wait_watching_a_socket_returns_when_the_socket_has_data() {
+        use std::io::{Read, Write};
+        use std::time::{Duration, Instant};
+        // The device's reads finish only when `theirs` sends; the watched socket is a
+        // server's client connection, `peer` the client.
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let device: Arc<dyn Device> = Arc::new(SocketDevice(ours));
+        let mut queue = io_queue(&device, 4);
+        let (mut client, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = client.as_raw_fd();
+        queue.submit_read(0, AlignedBuf::zeroed(512), 9).unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            (&peer).write_all(b"request").unwrap();
+            peer
+        });
+        let mut done = Vec::new();
+        let started = Instant::now();
+        assert!(queue.wait_watching(1, Some(fd), &mut done).unwrap(), "woken by the client, not by the read");
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(100) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+        assert!(done.is_empty());
+        let mut peer = sender.join().unwrap();
+        let mut request = [0u8; 7];
+        client.read_exact(&mut request).unwrap();
+        // With the client quiet, the wait is for the read.
+        theirs.write_all(&[3u8; 512]).unwrap();
+        assert!(!queue.wait_watching(1, Some(fd), &mut done).unwrap(), "the client sent nothing new");
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].token, 9);
+        assert!(done[0].buf.iter().all(|&b| b == 3));
+        // The poll is still armed from that wait: the next request wakes the next wait.
+        peer.write_all(b"x").unwrap();
+        queue.submit_read(0, AlignedBuf::zeroed(512), 10).unwrap();
+        done.clear();
+        assert!(queue.wait_watching(1, Some(fd), &mut done).unwrap());
+        assert!(done.is_empty());
+        // A plain wait ignores the socket (the read finishes when its data comes).
+        client.read_exact(&mut request[..1]).unwrap();
+        theirs.write_all(&[4u8; 512]).unwrap();
+        queue.wait(1, &mut done).unwrap();
+        assert_eq!(done.len(), 1);
+        queue.submit_read(0, AlignedBuf::zeroed(512), 11).unwrap();
+        assert!(!queue.wait_watching(0, Some(fd), &mut done).unwrap());
+        // Dropped with a read in flight and the poll armed, the queue still returns.
+        let started = Instant::now();
+        drop(queue);
+        assert!(started.elapsed() < Duration::from_secs(5), "the drop returned");
     }
 
     #[test]

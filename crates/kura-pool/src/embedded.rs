@@ -4,6 +4,7 @@
 //! `sync()` (shared with concurrent callers), run at submit.
 
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 use kura_engine::device::{IoQueue, ReadCompletion, io_queue};
@@ -133,7 +134,7 @@ impl EmbeddedContext {
 
     /// Hands over what is ready; otherwise waits for reads (they always complete, so the
     /// timeout only matters when it is zero: then nothing blocks).
-    pub fn poll(&mut self, timeout: Option<Duration>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
+    pub fn poll(&mut self, timeout: Option<Duration>, watch: Option<RawFd>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
         let mut delivered = self.deliver_ready(on_complete);
         if delivered > 0 || self.queue.in_flight() == 0 {
             // Reads queued meanwhile leave now; the caller comes back for their completions.
@@ -146,7 +147,7 @@ impl EmbeddedContext {
         // One io_uring_enter both issues the queued reads and waits for the first completion
         // (counted once, as a receive).
         let min_complete = usize::from(timeout != Some(Duration::ZERO));
-        self.queue.wait(min_complete, &mut self.completions)?;
+        self.queue.wait_watching(min_complete, watch, &mut self.completions)?;
         self.stats.recv_syscalls += 1;
         let mut completions = std::mem::take(&mut self.completions);
         for completion in completions.drain(..) {

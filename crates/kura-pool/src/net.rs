@@ -11,9 +11,11 @@
 //! fail-over), with the slot map refreshed, until their deadline.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::cluster;
@@ -32,6 +34,8 @@ const EAGER_WRITE_BYTES: usize = 256 << 10;
 const EVENTS_MAX: usize = 256;
 /// The mio token of the context's [`crate::Waker`] (connections use their index).
 const WAKE_TOKEN: Token = Token(usize::MAX);
+/// The descriptor a caller asked [`NetContext::poll`] to watch.
+const WATCH_TOKEN: Token = Token(usize::MAX - 1);
 /// Pause before a Redis Cluster request is routed again after a failure.
 const CLUSTER_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// Slot-map refreshes of one cluster, at most one per this interval.
@@ -132,6 +136,8 @@ pub(crate) struct NetContext {
     woken: Vec<(usize, bool, bool)>,
     /// Made by the first [`NetContext::waker`] call.
     waker: Option<Arc<mio::Waker>>,
+    /// The caller's descriptor registered for [`NetContext::poll`] to return on.
+    watched: Option<RawFd>,
 }
 
 impl NetContext {
@@ -158,6 +164,7 @@ impl NetContext {
             next_flush_id: 0,
             woken: Vec::new(),
             waker: None,
+            watched: None,
             shared: Arc::clone(&shared),
         };
         for (index, node) in shared.config.nodes.iter().enumerate() {
@@ -205,6 +212,20 @@ impl NetContext {
 
     pub fn stats(&self) -> IoStats {
         self.sink.stats
+    }
+
+    /// Registers the caller's descriptor for [`NetContext::poll`] to return on (edge
+    /// triggered: on data that arrives after this), replacing the one registered before.
+    fn watch(&mut self, watch: Option<RawFd>) -> Result<()> {
+        if let Some(old) = self.watched.take() {
+            // It may be closed already (then epoll dropped it by itself).
+            let _ = self.poll.registry().deregister(&mut SourceFd(&old));
+        }
+        if let Some(fd) = watch {
+            self.poll.registry().register(&mut SourceFd(&fd), WATCH_TOKEN, Interest::READABLE)?;
+            self.watched = Some(fd);
+        }
+        Ok(())
     }
 
     fn spec(&self, member: usize) -> &NodeSpec {
@@ -430,7 +451,10 @@ impl NetContext {
         Ok(())
     }
 
-    pub fn poll(&mut self, timeout: Option<Duration>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
+    pub fn poll(&mut self, timeout: Option<Duration>, watch: Option<RawFd>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
+        if watch != self.watched {
+            self.watch(watch)?;
+        }
         let until = timeout.map(|t| Instant::now() + t);
         self.sink.delivered = 0;
         loop {
@@ -464,7 +488,7 @@ impl NetContext {
             self.woken.clear();
             let mut woken_up = false;
             for event in &self.events {
-                if event.token() == WAKE_TOKEN {
+                if event.token() == WAKE_TOKEN || event.token() == WATCH_TOKEN {
                     woken_up = true;
                     continue;
                 }

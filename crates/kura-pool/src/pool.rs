@@ -2,6 +2,7 @@
 //! own connections, buffers and completion queue; nothing shared on the request path).
 
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -215,9 +216,18 @@ impl Context {
     /// and hands every finished request to `on_complete`. Returns how many it handed over;
     /// returns at once with 0 when nothing is in flight.
     pub fn poll(&mut self, timeout: Option<Duration>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
+        self.poll_watching(timeout, None, on_complete)
+    }
+
+    /// [`Context::poll`] that also returns early (with whatever completed, possibly nothing)
+    /// when new data arrives on `watch`, a descriptor the caller reads from itself (a server's
+    /// client socket): a thread waiting for its requests still picks up the next ones as they
+    /// come, so its queue stays deep. The caller reads `watch` before each call (arrivals
+    /// already seen may not wake it again) and keeps it open while this context lives.
+    pub fn poll_watching(&mut self, timeout: Option<Duration>, watch: Option<RawFd>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
         match &mut self.inner {
-            Inner::Embedded(c) => c.poll(timeout, on_complete),
-            Inner::Net(c) => c.poll(timeout, on_complete),
+            Inner::Embedded(c) => c.poll(timeout, watch, on_complete),
+            Inner::Net(c) => c.poll(timeout, watch, on_complete),
         }
     }
 

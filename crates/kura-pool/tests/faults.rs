@@ -85,6 +85,48 @@ fn a_silent_node_times_out() {
     assert_eq!(ctx.in_flight(), 1);
 }
 
+/// A server thread waiting for a slow node also wakes when its own client sends more (the
+/// NBD export waits like that, so requests start as they arrive).
+#[test]
+fn a_watched_socket_ends_a_wait_for_a_silent_node() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let server = FakeServer::start(Misbehaviour::Silent);
+    let pool = pool(server.url(), 30_000);
+    let mut ctx = pool.context().unwrap();
+    let (mut client, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = client.as_raw_fd();
+    ctx.submit_get(b"a", 1).unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        (&peer).write_all(b"next").unwrap();
+        peer
+    });
+    let started = Instant::now();
+    assert_eq!(ctx.poll_watching(None, Some(fd), &mut |_| panic!("no reply expected")).unwrap(), 0);
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(100) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert_eq!(ctx.in_flight(), 1, "the request is still in flight");
+    let mut peer = sender.join().unwrap();
+    let mut got = [0u8; 4];
+    client.read_exact(&mut got).unwrap();
+    // Once read, what arrived does not wake the next wait: it runs to its timeout.
+    let started = Instant::now();
+    assert_eq!(ctx.poll_watching(Some(Duration::from_millis(300)), Some(fd), &mut |_| panic!("no reply expected")).unwrap(), 0);
+    assert!(started.elapsed() >= Duration::from_millis(290), "{:?}", started.elapsed());
+    // New data does, also when it came before the wait began.
+    peer.write_all(b"more").unwrap();
+    let started = Instant::now();
+    assert_eq!(ctx.poll_watching(None, Some(fd), &mut |_| panic!("no reply expected")).unwrap(), 0);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // A plain poll ignores the socket.
+    client.read_exact(&mut got).unwrap();
+    peer.write_all(b"late").unwrap();
+    let started = Instant::now();
+    assert_eq!(ctx.poll(Some(Duration::from_millis(300)), &mut |_| panic!("no reply expected")).unwrap(), 0);
+    assert!(started.elapsed() >= Duration::from_millis(290), "{:?}", started.elapsed());
+}
+
 /// A thread that waits for a slow node can be woken by another one (the FUSE export's
 /// dispatchers wait like that for both completions and new requests).
 #[test]

@@ -4,8 +4,8 @@
 //! per-core design: nothing is shared on the request path but the per-volume block locks).
 //! A thread reads whatever requests have arrived with one `read`, turns them into pool
 //! requests submitted together, and writes every finished reply with one `writev`. While pool
-//! requests are in flight it waits on the pool, and picks up newly arrived requests after each
-//! batch of completions; when nothing is in flight it waits on the socket.
+//! requests are in flight it waits on the pool and the socket together (new requests start as
+//! soon as they arrive); when nothing is in flight it waits on the socket alone.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -659,9 +659,13 @@ impl<'a> Transmission<'a> {
             readable = false;
             self.write_replies()?;
             if self.queue.requests() > 0 {
+                // Waits for the pool and, unless no more requests may start, for the client:
+                // a request that arrives meanwhile starts at once instead of after the next
+                // completion, so the pool sees the client's whole queue depth.
+                let watch = (!self.closing && !self.backpressured()).then(|| self.stream.as_raw_fd());
                 let queue = &mut self.queue;
                 let mut finished = Vec::new();
-                queue.poll(None, &mut |done| finished.push(done))?;
+                queue.poll_watching(None, watch, &mut |done| finished.push(done))?;
                 for done in finished {
                     self.reply(done);
                 }
