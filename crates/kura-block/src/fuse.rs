@@ -2,10 +2,11 @@
 //! volume's size, for `losetup` to attach (`losetup --direct-io=on` is best) — a real kernel
 //! block device on the pool on machines without the nbd or ublk drivers.
 //!
-//! On a networked pool (kura servers, memcached, Redis) the FUSE threads share a few
-//! pipelined pool queues ([`dispatch`]): a request goes to the queue's driving thread, or
-//! its receiver drives the queue itself, and each is answered as it completes. On the embedded engine every FUSE thread serves one request at
-//! a time with its own pool context (a [`Worker`]). Either way a read or write is split into
+//! The FUSE threads share a few pipelined pool queues ([`dispatch`]): a request goes to the
+//! queue's driving thread, or its receiver drives the queue itself, and each is answered as it
+//! completes. With `queues: 0` (or a pool whose waits cannot be woken: an embedded engine
+//! without io_uring) every FUSE thread serves one request at a time with its own pool context
+//! (a [`Worker`]). Either way a read or write is split into
 //! 4 KiB pool operations submitted together;
 //! `fsync` is the pool's durability barrier; `fallocate(PUNCH_HOLE | ZERO_RANGE)` (what a loop
 //! device sends for discard and write-zeroes) deletes the whole blocks and zeroes the ends.
@@ -33,7 +34,7 @@ mod dispatch;
 
 pub const THREADS_DEFAULT: usize = 32;
 pub const THREADS_MAX: usize = 256;
-/// Pipelined pool queues the FUSE threads of an export on a networked pool share.
+/// Pipelined pool queues the FUSE threads of an export share.
 pub const QUEUES_DEFAULT: usize = 2;
 pub const QUEUES_MAX: usize = 64;
 /// Largest read or write the kernel sends in one FUSE request.
@@ -53,11 +54,11 @@ const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 #[derive(Debug, Clone)]
 pub struct FuseConfig {
     pub read_only: bool,
-    /// FUSE threads. On the embedded engine each serves one request at a time with its own
-    /// pool context; on a networked pool they share the `queues`.
+    /// FUSE threads. They share the `queues`; without queues each serves one request at a
+    /// time with its own pool context.
     pub threads: usize,
-    /// Pipelined pool queues on a networked pool (each one connection per node); 0: none
-    /// (every FUSE thread waits for its own requests, as on the embedded engine).
+    /// Pipelined pool queues (each one connection per node on a networked pool, one io_uring
+    /// ring on the embedded engine); 0: none (every FUSE thread waits for its own requests).
     pub queues: usize,
     /// Let other users than the one mounting use the files (`allow_other`).
     pub allow_other: bool,
@@ -82,7 +83,7 @@ struct KuraFs {
     volumes: Vec<Arc<Volume>>,
     config: FuseConfig,
     workers: Mutex<Vec<Worker>>,
-    /// The shared queues; empty on the embedded engine (or with `queues: 0`).
+    /// The shared queues; empty with `queues: 0` or when the pool's waits cannot be woken.
     dispatchers: Vec<dispatch::Dispatcher>,
     next_dispatcher: AtomicUsize,
     mounted_at: SystemTime,
@@ -412,7 +413,7 @@ impl FuseExport {
         for _ in 0..config.queues {
             match dispatch::Dispatcher::new(&pool, config.window)? {
                 Some(dispatcher) => dispatchers.push(dispatcher),
-                None => break, // the embedded engine: a pool context per FUSE thread
+                None => break, // waits cannot be woken: a pool context per FUSE thread
             }
         }
         // SAFETY: getuid/getgid have no preconditions and cannot fail.

@@ -39,9 +39,9 @@ struct FuseProcess {
 }
 
 impl FuseProcess {
-    fn start(pool_url: &str, mountpoint: &Path) -> Self {
+    fn start(pool_url: &str, mountpoint: &Path, options: &[&str]) -> Self {
         let mut cmd = Command::new(kura_bin());
-        cmd.args(["block", "fuse"]).arg(mountpoint).args(["--pool", pool_url]).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped());
+        cmd.args(["block", "fuse"]).arg(mountpoint).args(["--pool", pool_url]).args(options).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped());
         let mut child = ChildGuard::spawn("kura block fuse", &mut cmd).expect("start kura block fuse");
         let mut line = String::new();
         BufReader::new(child.child_mut().stdout.take().unwrap()).read_line(&mut line).unwrap();
@@ -65,11 +65,11 @@ impl Drop for FuseProcess {
 
 /// A new scratch directory with `kura block fuse` mounted on its `mnt` (unmounted before the
 /// directory goes: the process is dropped first).
-fn mount_fresh(pool_url: &str) -> (tempfile::TempDir, PathBuf, FuseProcess) {
+fn mount_fresh(pool_url: &str, options: &[&str]) -> (tempfile::TempDir, PathBuf, FuseProcess) {
     let dir = tempfile::tempdir_in(common::scratch_dir()).unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let fuse = FuseProcess::start(pool_url, &mnt);
+    let fuse = FuseProcess::start(pool_url, &mnt, options);
     (dir, mnt, fuse)
 }
 
@@ -118,7 +118,7 @@ fn ext4_and_xfs_on_loop_over_fuse_survive_a_restart() {
         for fs in fs_types {
             backend.create_volume(&format!("vol-{fs}"), "512M");
         }
-        let (dir, mnt, mut fuse) = mount_fresh(&backend.url());
+        let (dir, mnt, mut fuse) = mount_fresh(&backend.url(), &[]);
         for fs in fs_types {
             let file = mnt.join(format!("vol-{fs}"));
             assert_eq!(std::fs::metadata(&file).unwrap().len(), 512 << 20);
@@ -126,7 +126,7 @@ fn ext4_and_xfs_on_loop_over_fuse_survive_a_restart() {
             lo.fs_check("write", fs);
         }
         fuse.stop();
-        let mut fuse = FuseProcess::start(&backend.url(), &mnt);
+        let mut fuse = FuseProcess::start(&backend.url(), &mnt, &[]);
         for fs in fs_types {
             let lo = Loop::attach(&mnt.join(format!("vol-{fs}")), dir.path());
             lo.fs_check("verify", fs);
@@ -136,16 +136,20 @@ fn ext4_and_xfs_on_loop_over_fuse_survive_a_restart() {
     }
 }
 
-/// fio writes and verifies through a loop device over the FUSE export, on every backend.
+/// fio writes and verifies through a loop device over the FUSE export, on every backend
+/// (through the shared pool queues), and on the embedded engine also with a pool context per
+/// FUSE thread (`--queues 0`).
 #[test]
 fn fio_verify_through_loop_on_every_backend() {
     if let Err(reason) = host_ready() {
         return skip(&reason);
     }
     try_or_skip!(require_cmd("fio"));
-    for backend in Backend::all() {
+    let mut runs: Vec<(Backend, &[&str])> = Backend::all().into_iter().map(|b| (b, &[][..])).collect();
+    runs.push((Backend::embedded(), &["--queues", "0"]));
+    for (backend, options) in runs {
         backend.create_volume("f", "64M");
-        let (dir, mnt, mut fuse) = mount_fresh(&backend.url());
+        let (dir, mnt, mut fuse) = mount_fresh(&backend.url(), options);
         {
             let lo = Loop::attach(&mnt.join("f"), dir.path());
             let filename = format!("--filename={}", lo.dev);
@@ -163,7 +167,7 @@ fn fio_verify_through_loop_on_every_backend() {
             assert!(zeros.success(), "{}: discarded range is not zero", backend.name());
         }
         fuse.stop();
-        eprintln!("fio verify through fuse + loop on {}: ok", backend.name());
+        eprintln!("fio verify through fuse + loop on {} {options:?}: ok", backend.name());
     }
 }
 
@@ -192,7 +196,7 @@ fn a_server_that_dies_under_the_export_fails_reads_then_serves_again() {
     }
     let mut backend = Backend::kura();
     backend.create_volume("g", "16M");
-    let (dir, mnt, mut fuse) = mount_fresh(&backend.url());
+    let (dir, mnt, mut fuse) = mount_fresh(&backend.url(), &[]);
     {
         let lo = Loop::attach(&mnt.join("g"), dir.path());
         let data = common::pattern(7, 1 << 20);

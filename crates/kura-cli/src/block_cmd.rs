@@ -125,14 +125,14 @@ pub struct FuseArgs {
     /// Read-only files.
     #[arg(long)]
     read_only: bool,
-    /// FUSE threads. On a networked pool they share the --queues; on the embedded engine each
-    /// serves one request at a time.
+    /// FUSE threads. They share the --queues; with --queues 0 each serves one request at a
+    /// time.
     #[arg(long, default_value_t = kura_block::fuse::THREADS_DEFAULT)]
     threads: usize,
-    /// Pipelined pool queues the FUSE threads share on a networked pool (kura servers,
-    /// memcached, Redis): each sends the requests handed to it together over one connection
-    /// per node and answers each as it completes; 0: every FUSE thread uses its own
-    /// connections and waits for its own request.
+    /// Pipelined pool queues the FUSE threads share: each sends the requests handed to it
+    /// together (over one connection per node on kura servers, memcached or Redis; through
+    /// one io_uring ring on the embedded engine) and answers each as it completes; 0: every
+    /// FUSE thread uses its own pool context and waits for its own request.
     #[arg(long, default_value_t = kura_block::fuse::QUEUES_DEFAULT)]
     queues: usize,
     /// Let users other than the one mounting open the files (needs user_allow_other in

@@ -63,14 +63,19 @@ pub trait IoQueue: Send {
     fn depth(&self) -> usize;
     /// Issues queued reads and waits until at least `min_complete` have finished.
     fn wait(&mut self, min_complete: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()>;
-    /// Like [`IoQueue::wait`], but also returns, with `true`, as soon as `watch` (a descriptor
-    /// the caller keeps open while this queue lives) has data to read, so a thread that waits
-    /// for its reads still notices new requests on its socket. A queue that cannot watch
-    /// descriptors just waits and returns `false`.
-    fn wait_watching(&mut self, min_complete: usize, watch: Option<RawFd>, out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
+    /// Like [`IoQueue::wait`], but also returns, with `true`, as soon as one of `watch`
+    /// (descriptors the caller keeps open while this queue lives, at most
+    /// [`WATCHED_FDS_MAX`]) has data to read, so a thread that waits for its reads still
+    /// notices new requests on its socket or a wake-up. A queue that cannot watch descriptors
+    /// ([`IoQueue::can_watch`] is false) just waits and returns `false`.
+    fn wait_watching(&mut self, min_complete: usize, watch: &[RawFd], out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
         let _ = watch;
         self.wait(min_complete, out)?;
         Ok(false)
+    }
+    /// Whether [`IoQueue::wait_watching`] watches its descriptors.
+    fn can_watch(&self) -> bool {
+        false
     }
     /// Issues queued reads without waiting (so a batch of completions being processed does not
     /// hold back the reads it produces).
@@ -159,10 +164,10 @@ struct UringQueue {
     free_slots: Vec<u32>,
     unsubmitted: usize,
     /// Signalled by the kernel on every completion ([`io_queue_notifying`]).
-    eventfd: Option<OwnedFd>,
-    /// The descriptor a one-shot poll is armed on ([`IoQueue::wait_watching`]).
-    watch_armed: Option<RawFd>,
-    /// That poll fired since the last wait.
+    eventfd: Option<EventFd>,
+    /// The descriptors a one-shot poll is armed on ([`IoQueue::wait_watching`]).
+    watch_armed: Vec<RawFd>,
+    /// One of those polls fired since the last wait.
     watch_fired: bool,
 }
 
@@ -181,13 +186,7 @@ impl UringQueue {
             Err(e) => return Err(e),
         };
         let eventfd = if notify {
-            // SAFETY: eventfd has no memory arguments; its result is checked before use.
-            let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            if raw < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `raw` is a new descriptor that nothing else owns.
-            let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+            let eventfd = EventFd::new()?;
             ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
             Some(eventfd)
         } else {
@@ -201,7 +200,7 @@ impl UringQueue {
             free_slots: (0..depth as u32).rev().collect(),
             unsubmitted: 0,
             eventfd,
-            watch_armed: None,
+            watch_armed: Vec::with_capacity(WATCHED_FDS_MAX),
             watch_fired: false,
         })
     }
@@ -223,10 +222,10 @@ impl UringQueue {
     /// Moves every posted completion to `out`, handing each read's buffer back.
     fn collect(&mut self, out: &mut Vec<ReadCompletion>) {
         for cqe in self.ring.completion() {
-            if cqe.user_data() == WATCH_TOKEN {
+            if let Some(fd) = watched_fd(cqe.user_data()) {
                 // Readable, hung up or failed (a closed socket): the caller finds out which
                 // when it reads.
-                self.watch_armed = None;
+                self.watch_armed.retain(|&armed| armed != fd);
                 self.watch_fired = true;
                 continue;
             }
@@ -287,21 +286,28 @@ impl IoQueue for UringQueue {
         self.enter(min_complete.min(self.in_flight()), out)
     }
 
-    fn wait_watching(&mut self, min_complete: usize, watch: Option<RawFd>, out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
-        if let Some(fd) = watch
-            && self.watch_armed.is_none()
-        {
-            let entry = io_uring::opcode::PollAdd::new(io_uring::types::Fd(fd), libc::POLLIN as u32).build().user_data(WATCH_TOKEN);
+    fn wait_watching(&mut self, min_complete: usize, watch: &[RawFd], out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
+        for &fd in watch.iter().take(WATCHED_FDS_MAX) {
+            if fd < 0 || self.watch_armed.contains(&fd) || self.watch_armed.len() >= WATCHED_FDS_MAX {
+                continue;
+            }
+            let entry = io_uring::opcode::PollAdd::new(io_uring::types::Fd(fd), libc::POLLIN as u32).build().user_data(WATCH_TOKEN_FLAG | fd as u64);
             // SAFETY: a poll refers to no memory of ours; the caller keeps `fd` open while
             // this queue lives (and an armed poll holds its own reference to the file).
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                self.watch_armed = Some(fd);
+                self.watch_armed.push(fd);
             }
         }
         self.watch_fired = false;
-        // The armed poll counts as a completion to wait for.
-        self.enter(min_complete.min(self.in_flight() + usize::from(self.watch_armed.is_some())), out)?;
+        // Only the polls asked for now count as completions to wait for: one armed by an
+        // earlier call may fire meanwhile, and then returns early too.
+        let watched = self.watch_armed.iter().filter(|fd| watch.contains(fd)).count();
+        self.enter(min_complete.min(self.in_flight() + usize::from(watched > 0)), out)?;
         Ok(std::mem::take(&mut self.watch_fired))
+    }
+
+    fn can_watch(&self) -> bool {
+        true
     }
 
     fn reap(&mut self, out: &mut Vec<ReadCompletion>) {
@@ -314,18 +320,65 @@ impl IoQueue for UringQueue {
 
     fn clear_completion_fd(&self) {
         if let Some(eventfd) = &self.eventfd {
-            let mut count = 0u64;
-            // SAFETY: reads 8 bytes into a local u64 from the queue's own non-blocking eventfd;
-            // with nothing signalled it just fails with EAGAIN.
-            let _ = unsafe { libc::read(eventfd.as_raw_fd(), (&raw mut count).cast(), 8) };
+            eventfd.clear();
         }
+    }
+}
+
+/// A non-blocking eventfd: one thread [`EventFd::signal`]s it, another's io_uring wait
+/// watches it ([`IoQueue::wait_watching`]) and [`EventFd::clear`]s it after waking.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd has no memory arguments; its result is checked before use.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(raw) }))
+    }
+
+    /// Makes it readable (one `write`). A counter already at its maximum refuses the write,
+    /// and is readable anyway.
+    pub fn signal(&self) -> io::Result<()> {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a local u64 to our own eventfd.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
+        if n == 8 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::WouldBlock { Ok(()) } else { Err(error) }
+    }
+
+    /// Resets the counter (one `read`; with nothing signalled it fails with EAGAIN).
+    pub fn clear(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a local u64 from our own non-blocking eventfd.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), (&raw mut count).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 }
 
 /// `user_data` of the cancellation a dropped queue sends (read slots are below 2^32).
 const CANCEL_TOKEN: u64 = u64::MAX;
-/// `user_data` of the poll [`IoQueue::wait_watching`] arms on the caller's descriptor.
-const WATCH_TOKEN: u64 = u64::MAX - 1;
+/// `user_data` of a poll [`IoQueue::wait_watching`] arms: this bit and the descriptor.
+const WATCH_TOKEN_FLAG: u64 = 1 << 62;
+/// Descriptors one [`IoQueue::wait_watching`] watches at most.
+pub const WATCHED_FDS_MAX: usize = 4;
+
+/// The descriptor of a watch poll's completion (`None` for reads and the drop's cancel).
+fn watched_fd(user_data: u64) -> Option<RawFd> {
+    (user_data != CANCEL_TOKEN && user_data & WATCH_TOKEN_FLAG != 0).then(|| (user_data & u64::from(u32::MAX)) as RawFd)
+}
 
 impl Drop for UringQueue {
     /// Closing the ring does not wait for reads in flight, and the kernel writes into their
@@ -885,7 +938,7 @@ mod tests {
         });
         let mut done = Vec::new();
         let started = Instant::now();
-        assert!(queue.wait_watching(1, Some(fd), &mut done).unwrap(), "woken by the client, not by the read");
+        assert!(queue.wait_watching(1, &[fd], &mut done).unwrap(), "woken by the client, not by the read");
         let elapsed = started.elapsed();
         assert!(elapsed >= Duration::from_millis(100) && elapsed < Duration::from_secs(5), "{elapsed:?}");
         assert!(done.is_empty());
@@ -894,7 +947,7 @@ mod tests {
         client.read_exact(&mut request).unwrap();
         // With the client quiet, the wait is for the read.
         theirs.write_all(&[3u8; 512]).unwrap();
-        assert!(!queue.wait_watching(1, Some(fd), &mut done).unwrap(), "the client sent nothing new");
+        assert!(!queue.wait_watching(1, &[fd], &mut done).unwrap(), "the client sent nothing new");
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].token, 9);
         assert!(done[0].buf.iter().all(|&b| b == 3));
@@ -902,7 +955,7 @@ mod tests {
         peer.write_all(b"x").unwrap();
         queue.submit_read(0, AlignedBuf::zeroed(512), 10).unwrap();
         done.clear();
-        assert!(queue.wait_watching(1, Some(fd), &mut done).unwrap());
+        assert!(queue.wait_watching(1, &[fd], &mut done).unwrap());
         assert!(done.is_empty());
         // A plain wait ignores the socket (the read finishes when its data comes).
         client.read_exact(&mut request[..1]).unwrap();
@@ -910,11 +963,50 @@ mod tests {
         queue.wait(1, &mut done).unwrap();
         assert_eq!(done.len(), 1);
         queue.submit_read(0, AlignedBuf::zeroed(512), 11).unwrap();
-        assert!(!queue.wait_watching(0, Some(fd), &mut done).unwrap());
+        assert!(!queue.wait_watching(0, &[fd], &mut done).unwrap());
         // Dropped with a read in flight and the poll armed, the queue still returns.
         let started = Instant::now();
         drop(queue);
         assert!(started.elapsed() < Duration::from_secs(5), "the drop returned");
+    }
+
+    #[test]
+    fn an_event_fd_signalled_by_another_thread_ends_a_wait_watching_it() {
+        use std::io::Write;
+        use std::time::{Duration, Instant};
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let device: Arc<dyn Device> = Arc::new(SocketDevice(ours));
+        let mut queue = io_queue(&device, 4);
+        assert!(queue.can_watch());
+        let (client, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let wake = Arc::new(EventFd::new().unwrap());
+        let watched = [client.as_raw_fd(), wake.as_raw_fd()];
+        queue.submit_read(0, AlignedBuf::zeroed(512), 1).unwrap();
+        let from = Arc::clone(&wake);
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            from.signal().unwrap();
+        });
+        let mut done = Vec::new();
+        let started = Instant::now();
+        assert!(queue.wait_watching(1, &watched, &mut done).unwrap());
+        assert!(started.elapsed() >= Duration::from_millis(100), "{:?}", started.elapsed());
+        assert!(done.is_empty());
+        waker.join().unwrap();
+        // Cleared, it no longer wakes: the wait is for the read again.
+        wake.clear();
+        theirs.write_all(&[1u8; 512]).unwrap();
+        assert!(!queue.wait_watching(1, &watched, &mut done).unwrap());
+        assert_eq!(done.len(), 1);
+        // A signal sent while nobody waits ends the next wait at once.
+        wake.signal().unwrap();
+        wake.signal().unwrap();
+        queue.submit_read(0, AlignedBuf::zeroed(512), 2).unwrap();
+        assert!(queue.wait_watching(1, &watched, &mut done).unwrap());
+        assert_eq!(done.len(), 1, "the read is still in flight");
+        // Synchronous queues cannot watch.
+        let sim: Arc<dyn Device> = SimDevice::new(1 << 20, 512);
+        assert!(!io_queue(&sim, 4).can_watch());
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! `sync()` (shared with concurrent callers), run at submit.
 
 use std::collections::VecDeque;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kura_engine::device::{IoQueue, ReadCompletion, io_queue};
+use kura_engine::device::{EventFd, IoQueue, ReadCompletion, io_queue};
 use kura_engine::{Engine, GetPlan, GetStep, Item, ReadBuffers};
 
 use crate::config::PoolConfig;
@@ -40,6 +41,8 @@ pub(crate) struct EmbeddedContext {
     in_flight: usize,
     in_flight_max: usize,
     value_size_max_bytes: usize,
+    /// Made by the first [`EmbeddedContext::waker`] call; watched by every wait.
+    wake_fd: Option<Arc<EventFd>>,
     pub stats: IoStats,
 }
 
@@ -57,12 +60,27 @@ impl EmbeddedContext {
             in_flight: 0,
             in_flight_max: depth,
             value_size_max_bytes: config.value_size_max_bytes,
+            wake_fd: None,
             stats: IoStats::default(),
         }
     }
 
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// An eventfd that ends this context's waits when written (see [`crate::Waker`]);
+    /// `None` when reads are synchronous (no io_uring), so waits cannot be woken.
+    pub fn waker(&mut self) -> Result<Option<Arc<EventFd>>> {
+        if !self.queue.can_watch() {
+            return Ok(None);
+        }
+        if let Some(fd) = &self.wake_fd {
+            return Ok(Some(Arc::clone(fd)));
+        }
+        let fd = Arc::new(EventFd::new()?);
+        self.wake_fd = Some(Arc::clone(&fd));
+        Ok(Some(fd))
     }
 
     pub fn in_flight_max(&self) -> usize {
@@ -147,7 +165,18 @@ impl EmbeddedContext {
         // One io_uring_enter both issues the queued reads and waits for the first completion
         // (counted once, as a receive).
         let min_complete = usize::from(timeout != Some(Duration::ZERO));
-        self.queue.wait_watching(min_complete, watch, &mut self.completions)?;
+        let mut watched = [-1; 2];
+        if let Some(fd) = watch {
+            watched[0] = fd;
+        }
+        if let Some(wake_fd) = &self.wake_fd {
+            watched[1] = wake_fd.as_raw_fd();
+        }
+        if self.queue.wait_watching(min_complete, &watched, &mut self.completions)?
+            && let Some(wake_fd) = &self.wake_fd
+        {
+            wake_fd.clear();
+        }
         self.stats.recv_syscalls += 1;
         let mut completions = std::mem::take(&mut self.completions);
         for completion in completions.drain(..) {

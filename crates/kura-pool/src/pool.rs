@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kura_engine::Engine;
+use kura_engine::device::EventFd;
 
 use crate::config::{Backend, EMBEDDED_SIZE_BYTES_DEFAULT, NodeSpec, PoolConfig, default_embedded_path};
 use crate::embedded::EmbeddedContext;
@@ -146,13 +147,25 @@ fn open_engine(node: &NodeSpec, config: &PoolConfig) -> Result<Engine> {
 
 /// Wakes a [`Context`] waiting in [`Context::poll`] (see [`Context::waker`]).
 #[derive(Clone, Debug)]
-pub struct Waker(Arc<mio::Waker>);
+pub struct Waker(WakerInner);
+
+#[derive(Clone, Debug)]
+enum WakerInner {
+    /// A networked context's mio poll.
+    Net(Arc<mio::Waker>),
+    /// An eventfd the embedded context's io_uring waits watch.
+    Embedded(Arc<EventFd>),
+}
 
 impl Waker {
     /// Makes the context's current or next `poll` return; cheap enough to call per request
     /// handed over (one `eventfd` write).
     pub fn wake(&self) {
-        if let Err(e) = self.0.wake() {
+        let result = match &self.0 {
+            WakerInner::Net(waker) => waker.wake(),
+            WakerInner::Embedded(fd) => fd.signal(),
+        };
+        if let Err(e) = result {
             tracing::error!(error = %e, "pool: cannot wake a context");
         }
     }
@@ -233,12 +246,12 @@ impl Context {
 
     /// A handle another thread can use to make this context's [`Context::poll`] return early
     /// (with whatever completed, possibly nothing), so a thread that waits for completions
-    /// also notices new work handed to it. `None` for the embedded engine, whose waits are
-    /// for its own reads only.
+    /// also notices new work handed to it. `None` for an embedded engine without io_uring,
+    /// whose reads are done synchronously (nothing to wake).
     pub fn waker(&mut self) -> Result<Option<Waker>> {
         match &mut self.inner {
-            Inner::Embedded(_) => Ok(None),
-            Inner::Net(c) => Ok(Some(Waker(c.waker()?))),
+            Inner::Embedded(c) => Ok(c.waker()?.map(|fd| Waker(WakerInner::Embedded(fd)))),
+            Inner::Net(c) => Ok(Some(Waker(WakerInner::Net(c.waker()?)))),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Pipelined pool queues for the FUSE export on a networked pool.
+//! Pipelined pool queues for the FUSE export.
 //!
 //! A FUSE thread serves one request at a time: with its own pool connection, each request
 //! was one round trip on its own connection, and a kura server answered 32 connections one
@@ -10,8 +10,9 @@
 //! once: a FUSE thread that hands over a request while it waits wakes it
 //! ([`kura_pool::Waker`]).
 //!
-//! The embedded engine has no connections to share (and its waits cannot be woken), so an
-//! export on it keeps one pool context per FUSE thread.
+//! On the embedded engine a queue is one io_uring ring: reads are submitted in batches and a
+//! wake-up is an eventfd its wait watches. An engine without io_uring reads synchronously and
+//! cannot be woken; an export on it keeps one pool context per FUSE thread.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,7 +82,7 @@ pub(super) struct Dispatcher {
 
 impl Dispatcher {
     /// A dispatcher on a new pool context, or `Ok(None)` when the pool's contexts cannot be
-    /// woken (the embedded engine).
+    /// woken (an embedded engine without io_uring).
     pub(super) fn new(pool: &Pool, window: usize) -> std::io::Result<Option<Self>> {
         let mut ctx = pool.context().map_err(std::io::Error::other)?;
         let Some(waker) = ctx.waker().map_err(std::io::Error::other)? else { return Ok(None) };

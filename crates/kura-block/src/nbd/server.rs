@@ -661,8 +661,11 @@ impl<'a> Transmission<'a> {
             if self.queue.requests() > 0 {
                 // Waits for the pool and, unless no more requests may start, for the client:
                 // a request that arrives meanwhile starts at once instead of after the next
-                // completion, so the pool sees the client's whole queue depth.
-                let watch = (!self.closing && !self.backpressured()).then(|| self.stream.as_raw_fd());
+                // completion, so the pool sees the client's whole queue depth. Not with one
+                // request in flight: a client at queue depth 1 sends nothing until it has
+                // the reply, and the watch (still armed when the reply goes out) would fire
+                // on its next request, for an extra wake-up per request.
+                let watch = (self.queue.requests() > 1 && !self.closing && !self.backpressured()).then(|| self.stream.as_raw_fd());
                 let queue = &mut self.queue;
                 let mut finished = Vec::new();
                 queue.poll_watching(None, watch, &mut |done| finished.push(done))?;
