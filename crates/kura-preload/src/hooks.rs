@@ -136,9 +136,11 @@ pub(crate) fn active() -> Option<&'static State> {
     Some(s)
 }
 
-/// Runs `f` with the file system (as kura code: nested libc calls go to the kernel).
+/// Runs `f` with the file system (as kura code: nested libc calls go to the kernel), inside
+/// the fork gate (a `fork` waits for it to finish).
 pub(crate) fn with_fs<T>(state: &State, f: impl FnOnce(&Arc<Fs>) -> Result<T, i32>) -> Result<T, i32> {
-    let _busy = Busy::enter();
+    let busy = Busy::enter();
+    let _gate = (!busy.was).then(|| state.fork_gate.enter());
     let fs = state.fs().map_err(fs_errno)?;
     f(fs)
 }
@@ -909,6 +911,7 @@ extern "C" fn h_sync() {
         if let Some(state) = active()
             && let Some(fs) = state.fs_if_open()
         {
+            let _gate = state.fork_gate.enter();
             let _busy = Busy::enter();
             let _ = fs.sync_all();
         }
@@ -1068,7 +1071,11 @@ extern "C" fn h_posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -
 // ---------------------------------------------------------------------------------------
 // fcntl, flock
 
-fn lock_fd(of: &OpenFile) -> Result<c_int, i32> {
+/// The kernel file whose record locks stand for `of`'s (made at the first lock). Inside the
+/// fork gate: a child must not inherit the slot's lock held; the lock operation itself, which
+/// may wait for another process, runs outside.
+fn lock_fd(state: &State, of: &OpenFile) -> Result<c_int, i32> {
+    let _gate = state.fork_gate.enter();
     let mut slot = of.lock_fd.lock();
     if let Some(fd) = *slot {
         return Ok(fd);
@@ -1094,7 +1101,7 @@ extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
             && let Some(of) = state.fds.get(fd)
         {
             let _busy = Busy::enter();
-            return ret_int(lock_fd(&of).and_then(|lfd| {
+            return ret_int(lock_fd(state, &of).and_then(|lfd| {
                 // SAFETY: integers.
                 let r = unsafe { libc::syscall(libc::SYS_flock, lfd, op) };
                 if r < 0 { Err(errno()) } else { Ok(0) }
@@ -1134,7 +1141,7 @@ extern "C" fn h_fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
             }
             libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
                 let _busy = Busy::enter();
-                ret_int(lock_fd(&of).and_then(|lfd| {
+                ret_int(lock_fd(state, &of).and_then(|lfd| {
                     // SAFETY: `arg` is the caller's struct flock pointer, passed on.
                     let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, arg) };
                     if r < 0 { Err(errno()) } else { Ok(r as c_int) }
@@ -2050,7 +2057,8 @@ fn writeback_before_leaving() {
     if let Some(state) = state::get()
         && let Some(fs) = state.fs_if_open()
     {
-        let _busy = Busy::enter();
+        let busy = Busy::enter();
+        let _gate = (!busy.was).then(|| state.fork_gate.enter());
         if let Err(e) = fs.writeback_all() {
             complain(&format!("libkura_fs: write-back failed: {e}"));
         }

@@ -3,6 +3,7 @@
 //! working directory when it is inside the mount.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kura_fs::{Fs, FsConfig, FsError, Owner, PoolKv};
@@ -38,6 +39,78 @@ pub struct State {
     embedded: bool,
     /// The process that opened the embedded engine.
     owner_pid: u32,
+    /// Kura calls in progress, which `fork` waits for (see [`ForkGate`]).
+    pub fork_gate: ForkGate,
+}
+
+/// Lets `fork` wait until no thread is inside a kura call, and keeps new calls out until it
+/// returns, so a child never inherits a lock of the file system (a file's, the page cache's,
+/// a pool context's) held by a thread it does not have. Calls count themselves in and out
+/// with two atomic operations; `fork`'s prepare handler closes the gate and waits for the
+/// count to reach zero (polling: no thread is ever parked on a lock the child would inherit).
+/// Waits a kura call makes on other processes (record locks) happen outside the gate, and
+/// waits on the pool are bounded, so a fork is delayed at most by one call's bounded wait.
+pub struct ForkGate {
+    calls: AtomicUsize,
+    closed: AtomicBool,
+}
+
+/// Pause between looks while `fork` waits for calls to finish, or a call for `fork`.
+const FORK_GATE_POLL: std::time::Duration = std::time::Duration::from_micros(20);
+
+impl ForkGate {
+    const fn new() -> Self {
+        Self { calls: AtomicUsize::new(0), closed: AtomicBool::new(false) }
+    }
+
+    /// Counts this thread in until the guard drops; waits while a `fork` is in progress.
+    /// Call it when entering kura code from outside (not [`busy`]): calls do not nest.
+    pub fn enter(&self) -> GateGuard<'_> {
+        loop {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if !self.closed.load(Ordering::SeqCst) {
+                return GateGuard { gate: self };
+            }
+            self.calls.fetch_sub(1, Ordering::SeqCst);
+            while self.closed.load(Ordering::SeqCst) {
+                std::thread::sleep(FORK_GATE_POLL);
+            }
+        }
+    }
+
+    /// Closes the gate and waits until no other thread is inside. Returns `false` (and
+    /// leaves the gate open) when this thread itself is inside kura code (a `fork` from a
+    /// signal handler that interrupted a call): waiting would never end.
+    fn close(&self) -> bool {
+        if busy() {
+            return false;
+        }
+        self.closed.store(true, Ordering::SeqCst);
+        while self.calls.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(FORK_GATE_POLL);
+        }
+        true
+    }
+
+    /// Opens the gate after `fork`, in the parent or in the child. The child has only the
+    /// forking thread: its count is that thread's own (zero unless it forked inside a call).
+    fn open(&self, in_child: bool) {
+        if in_child {
+            self.calls.store(usize::from(busy()), Ordering::SeqCst);
+        }
+        self.closed.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A thread's entry through the [`ForkGate`].
+pub struct GateGuard<'a> {
+    gate: &'a ForkGate,
+}
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        self.gate.calls.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Default)]
@@ -66,7 +139,8 @@ pub fn busy() -> bool {
 
 /// Marks this thread as running kura code until dropped.
 pub struct Busy {
-    was: bool,
+    /// This thread was in kura code already (a nested entry).
+    pub was: bool,
 }
 
 impl Busy {
@@ -136,6 +210,7 @@ pub fn init() {
         active: std::sync::atomic::AtomicBool::new(false),
         embedded,
         owner_pid: kura_fs::process_id(),
+        fork_gate: ForkGate::new(),
     };
     if STATE.set(state).is_err() {
         return;
@@ -213,6 +288,9 @@ impl State {
 extern "C" fn atfork_prepare() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
+        // First: the calls in progress finish (taking whatever locks they need) and no new
+        // one starts, so none of the locks below or inside the file system is held.
+        state.fork_gate.close();
         let _busy = Busy::enter();
         if let Some(fs) = state.fs_if_open() {
             // The child starts with nothing dirty, so parent and child never write back the
@@ -224,6 +302,7 @@ extern "C" fn atfork_prepare() {
         }
         state.fds.lock_for_fork();
         state.sock_names.lock_for_fork();
+        std::mem::forget(state.cwd.write());
     });
 }
 
@@ -232,11 +311,14 @@ extern "C" fn atfork_parent() {
         let Some(state) = get() else { return };
         state.fds.unlock_after_fork();
         state.sock_names.unlock_after_fork();
+        // SAFETY: the prepare handler leaked a write guard of `cwd` on this thread.
+        unsafe { state.cwd.force_unlock_write() };
         if let Some(fs) = state.fs_if_open() {
             fs.resume_writeback();
             // The child shares this process's descriptors and may write through them.
             fs.invalidate_cached();
         }
+        state.fork_gate.open(false);
     });
 }
 
@@ -245,6 +327,9 @@ extern "C" fn atfork_child() {
         let Some(state) = get() else { return };
         state.fds.unlock_after_fork();
         state.sock_names.unlock_after_fork();
+        // SAFETY: the prepare handler leaked a write guard of `cwd` on this thread.
+        unsafe { state.cwd.force_unlock_write() };
+        state.fork_gate.open(true);
         if let Some(fs) = state.fs_if_open() {
             fs.resume_writeback();
             // Before fork returns: the parent may close its descriptors right away. (A child

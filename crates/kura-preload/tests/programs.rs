@@ -36,27 +36,53 @@ fn shell_fork_exec_and_redirection() {
 /// fork here is a chance of that; the run must end, with every line written.
 #[test]
 fn forks_while_write_back_wakes_never_hang() {
-    use std::os::unix::process::CommandExt;
     let env = Env::new();
     // Four such loops at once keep both cores busy, so that the worker is often preempted
     // while it holds its lock (what made the window wide enough under CI's load).
     let script = "for j in 1 2 3 4; do (i=0; while [ $i -lt 1500 ]; do echo $i >> /kura/log$j; /bin/true; i=$((i+1)); done) & done; wait; cat /kura/log1 /kura/log2 /kura/log3 /kura/log4 | wc -l";
     let mut cmd = env.command(&[], &["sh", "-c", script]);
-    cmd.env("KURA_FS_WRITEBACK_MS", "1").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.env("KURA_FS_WRITEBACK_MS", "1");
+    let out = output_within(cmd, Duration::from_secs(180), "the shell's forks");
+    check(&out, &["sh", "-c", script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "6000");
+}
+
+/// A multi-threaded program forks while its other threads are inside kura calls: the child
+/// uses the file system at once and never inherits a lock one of them held (before the fork
+/// gate, the first child hung in its fork handler on a file's opener lock).
+#[test]
+fn forks_while_other_threads_are_inside_kura_calls_never_hang() {
+    if !have("gcc") {
+        return kura_testkit::skip("no gcc to build tests/c/fork_threads.c");
+    }
+    let env = Env::new();
+    let exe = env.dir.path().join("fork_threads");
+    let src = workspace().join("crates/kura-preload/tests/c/fork_threads.c");
+    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-pthread", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    check(&out, &["gcc", "fork_threads.c"]);
+    let script = format!("mkdir /kura/ft && {} /kura/ft 300", exe.display());
+    let out = output_within(env.command(&[], &["sh", "-c", &script]), Duration::from_secs(180), "fork_threads");
+    check(&out, &["sh", "-c", &script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "forks ok 300");
+}
+
+/// Runs `cmd` in its own process group and returns its output; kills the group and fails
+/// the test if it takes longer than `limit` (a hang fails instead of stalling the suite).
+fn output_within(mut cmd: std::process::Command, limit: Duration, what: &str) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let child = cmd.spawn().unwrap();
     let pgid = child.id() as i32;
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = done_tx.send(child.wait_with_output());
     });
-    let Ok(out) = done_rx.recv_timeout(Duration::from_secs(180)) else {
+    let Ok(out) = done_rx.recv_timeout(limit) else {
         // SAFETY: kill has no memory arguments; the group is the test's own command.
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
-        panic!("the shell's forks hung for 180 s");
+        panic!("{what} did not finish in {limit:?}");
     };
-    let out = out.unwrap();
-    check(&out, &["sh", "-c", script]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "6000");
+    out.unwrap()
 }
 
 #[test]
