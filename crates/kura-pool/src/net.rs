@@ -215,16 +215,16 @@ impl NetContext {
     }
 
     /// Registers the caller's descriptor for [`NetContext::poll`] to return on (edge
-    /// triggered: on data that arrives after this), replacing the one registered before.
-    fn watch(&mut self, watch: Option<RawFd>) -> Result<()> {
+    /// triggered: on data that arrives after this), replacing the one registered before. It
+    /// stays registered while polls do not ask to watch it (their wake-ups for it are
+    /// ignored), so a caller that switches watching on and off pays no system call for it.
+    fn watch(&mut self, fd: RawFd) -> Result<()> {
         if let Some(old) = self.watched.take() {
             // It may be closed already (then epoll dropped it by itself).
             let _ = self.poll.registry().deregister(&mut SourceFd(&old));
         }
-        if let Some(fd) = watch {
-            self.poll.registry().register(&mut SourceFd(&fd), WATCH_TOKEN, Interest::READABLE)?;
-            self.watched = Some(fd);
-        }
+        self.poll.registry().register(&mut SourceFd(&fd), WATCH_TOKEN, Interest::READABLE)?;
+        self.watched = Some(fd);
         Ok(())
     }
 
@@ -452,8 +452,10 @@ impl NetContext {
     }
 
     pub fn poll(&mut self, timeout: Option<Duration>, watch: Option<RawFd>, on_complete: &mut dyn FnMut(Completion<'_>)) -> Result<usize> {
-        if watch != self.watched {
-            self.watch(watch)?;
+        if let Some(fd) = watch
+            && self.watched != Some(fd)
+        {
+            self.watch(fd)?;
         }
         let until = timeout.map(|t| Instant::now() + t);
         self.sink.delivered = 0;
@@ -488,8 +490,12 @@ impl NetContext {
             self.woken.clear();
             let mut woken_up = false;
             for event in &self.events {
-                if event.token() == WAKE_TOKEN || event.token() == WATCH_TOKEN {
+                if event.token() == WAKE_TOKEN {
                     woken_up = true;
+                    continue;
+                }
+                if event.token() == WATCH_TOKEN {
+                    woken_up |= watch.is_some();
                     continue;
                 }
                 let readable = event.is_readable() || event.is_read_closed() || event.is_error();
