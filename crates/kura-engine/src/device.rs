@@ -287,8 +287,8 @@ impl IoQueue for UringQueue {
     }
 
     fn wait_watching(&mut self, min_complete: usize, watch: &[RawFd], out: &mut Vec<ReadCompletion>) -> io::Result<bool> {
-        for &fd in watch.iter().take(WATCHED_FDS_MAX) {
-            if fd < 0 || self.watch_armed.contains(&fd) || self.watch_armed.len() >= WATCHED_FDS_MAX {
+        for &fd in watch {
+            if self.watch_armed.contains(&fd) || self.watch_armed.len() >= WATCHED_FDS_MAX {
                 continue;
             }
             let entry = io_uring::opcode::PollAdd::new(io_uring::types::Fd(fd), libc::POLLIN as u32).build().user_data(WATCH_TOKEN_FLAG | fd as u64);

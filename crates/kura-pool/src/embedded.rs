@@ -165,14 +165,13 @@ impl EmbeddedContext {
         // One io_uring_enter both issues the queued reads and waits for the first completion
         // (counted once, as a receive).
         let min_complete = usize::from(timeout != Some(Duration::ZERO));
-        let mut watched = [-1; 2];
-        if let Some(fd) = watch {
-            watched[0] = fd;
+        let mut watched = [0; 2];
+        let mut watching = 0;
+        for fd in watch.into_iter().chain(self.wake_fd.as_ref().map(|fd| fd.as_raw_fd())) {
+            watched[watching] = fd;
+            watching += 1;
         }
-        if let Some(wake_fd) = &self.wake_fd {
-            watched[1] = wake_fd.as_raw_fd();
-        }
-        if self.queue.wait_watching(min_complete, &watched, &mut self.completions)?
+        if self.queue.wait_watching(min_complete, &watched[..watching], &mut self.completions)?
             && let Some(wake_fd) = &self.wake_fd
         {
             wake_fd.clear();

@@ -139,8 +139,7 @@ pub(crate) fn active() -> Option<&'static State> {
 /// Runs `f` with the file system (as kura code: nested libc calls go to the kernel), inside
 /// the fork gate (a `fork` waits for it to finish).
 pub(crate) fn with_fs<T>(state: &State, f: impl FnOnce(&Arc<Fs>) -> Result<T, i32>) -> Result<T, i32> {
-    let busy = Busy::enter();
-    let _gate = (!busy.was).then(|| state.fork_gate.enter());
+    let _call = state.enter_call();
     let fs = state.fs().map_err(fs_errno)?;
     f(fs)
 }
@@ -911,8 +910,7 @@ extern "C" fn h_sync() {
         if let Some(state) = active()
             && let Some(fs) = state.fs_if_open()
         {
-            let _gate = state.fork_gate.enter();
-            let _busy = Busy::enter();
+            let _call = state.enter_call();
             let _ = fs.sync_all();
         }
         // SAFETY: no arguments.
@@ -2057,8 +2055,7 @@ fn writeback_before_leaving() {
     if let Some(state) = state::get()
         && let Some(fs) = state.fs_if_open()
     {
-        let busy = Busy::enter();
-        let _gate = (!busy.was).then(|| state.fork_gate.enter());
+        let _call = state.enter_call();
         if let Err(e) = fs.writeback_all() {
             complain(&format!("libkura_fs: write-back failed: {e}"));
         }

@@ -78,18 +78,17 @@ impl ForkGate {
         }
     }
 
-    /// Closes the gate and waits until no other thread is inside. Returns `false` (and
-    /// leaves the gate open) when this thread itself is inside kura code (a `fork` from a
-    /// signal handler that interrupted a call): waiting would never end.
-    fn close(&self) -> bool {
+    /// Closes the gate and waits until no other thread is inside. Leaves it open when this
+    /// thread itself is inside kura code (a `fork` from a signal handler that interrupted a
+    /// call): waiting would never end.
+    fn close(&self) {
         if busy() {
-            return false;
+            return;
         }
         self.closed.store(true, Ordering::SeqCst);
         while self.calls.load(Ordering::SeqCst) != 0 {
             std::thread::sleep(FORK_GATE_POLL);
         }
-        true
     }
 
     /// Opens the gate after `fork`, in the parent or in the child. The child has only the
@@ -99,6 +98,21 @@ impl ForkGate {
             self.calls.store(usize::from(busy()), Ordering::SeqCst);
         }
         self.closed.store(false, Ordering::SeqCst);
+    }
+}
+
+/// This thread running kura code: [`Busy`], and through the [`ForkGate`] unless it was
+/// inside kura code already (an outer call holds the gate for it).
+pub struct KuraCall<'a> {
+    _gate: Option<GateGuard<'a>>,
+    _busy: Busy,
+}
+
+impl State {
+    /// Marks this thread as running kura code until the result drops (see [`KuraCall`]).
+    pub fn enter_call(&self) -> KuraCall<'_> {
+        let busy = Busy::enter();
+        KuraCall { _gate: (!busy.was).then(|| self.fork_gate.enter()), _busy: busy }
     }
 }
 
@@ -140,7 +154,7 @@ pub fn busy() -> bool {
 /// Marks this thread as running kura code until dropped.
 pub struct Busy {
     /// This thread was in kura code already (a nested entry).
-    pub was: bool,
+    was: bool,
 }
 
 impl Busy {
