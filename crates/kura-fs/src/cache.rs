@@ -17,11 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::error::{FsError, Result};
 use crate::layout::{FILE_SIZE_BYTES_MAX, Inode, file_type};
 use crate::ns::now_ns;
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Fs, FsConfig};
 
 /// Dirty pages one write-back request carries, at most (bounds the copies held at once).
@@ -219,13 +218,13 @@ pub(crate) struct CacheState {
     room: Condvar,
     room_lock: Mutex<()>,
     wb_kick: Condvar,
-    wb_state: ForkHeld<WritebackState>,
+    wb_state: Mutex<WritebackState>,
     /// `wb_state.worker_pid`, readable without the lock (writers check it on every write).
     worker_pid: AtomicU32,
     interval: Duration,
     readahead_pages: u64,
     /// A pass of the write-back worker holds this; `fork` takes it so no pass is half done.
-    pass: ForkHeld<()>,
+    pass: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -247,11 +246,11 @@ impl CacheState {
             room: Condvar::new(),
             room_lock: Mutex::new(()),
             wb_kick: Condvar::new(),
-            wb_state: ForkHeld::new(WritebackState::default()),
+            wb_state: Mutex::new(WritebackState::default()),
             worker_pid: AtomicU32::new(0),
             interval: Duration::from_millis(config.writeback_interval_ms.max(1)),
             readahead_pages: u64::from(config.readahead_pages.max(1)),
-            pass: ForkHeld::new(()),
+            pass: Mutex::new(()),
         }
     }
 }
@@ -949,8 +948,8 @@ impl Fs {
         while self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max {
             if !self.evict_some() {
                 self.kick_writeback();
-                let mut guard = self.cache.room_lock.lock();
-                self.cache.room.wait_for(&mut guard, Duration::from_millis(ROOM_WAIT_MS));
+                let guard = self.cache.room_lock.lock();
+                let _guard = self.cache.room.wait_for(guard, Duration::from_millis(ROOM_WAIT_MS));
             }
         }
     }
@@ -987,7 +986,7 @@ impl Fs {
     }
 
     fn kick_writeback(&self) {
-        let mut state = self.cache.wb_state.lock.lock();
+        let mut state = self.cache.wb_state.lock();
         state.kicked = true;
         self.cache.wb_kick.notify_one();
     }
@@ -1001,7 +1000,7 @@ impl Fs {
         let Some(fs) = self.self_arc() else {
             return;
         };
-        let mut state = self.cache.wb_state.lock.lock();
+        let mut state = self.cache.wb_state.lock();
         if state.worker_pid == pid {
             return;
         }
@@ -1021,46 +1020,23 @@ impl Fs {
     /// Stops the write-back worker between passes, for `fork` (its prepare handler): the
     /// child never inherits a half-done pass, nor the worker's state lock taken by a thread
     /// the child does not have (the worker takes it each time it wakes up, writers to kick
-    /// it). Both stay held across `fork`; [`Fs::resume_writeback`] releases them, in the
-    /// parent and in the child, on the thread that called this.
-    pub fn pause_writeback(&self) {
-        self.cache.pass.hold();
+    /// it). Both stay held across `fork` in the result, which the parent's and the child's
+    /// handlers drop (on the thread that called this) to resume write-back.
+    pub fn pause_writeback(&self) -> WritebackPause<'_> {
+        let pass = self.cache.pass.lock();
         // After the pass gate: the worker takes the state lock only before the gate, and
         // drops it before it waits there.
-        self.cache.wb_state.hold();
-    }
-
-    pub fn resume_writeback(&self) {
-        self.cache.wb_state.release();
-        self.cache.pass.release();
+        let state = self.cache.wb_state.lock();
+        WritebackPause { _state: state, _pass: pass }
     }
 }
 
-/// A mutex that `fork`'s prepare handler can hold across `fork`, for its parent and child
-/// handlers (on the same thread) to release.
-struct ForkHeld<T> {
-    held: AtomicBool,
-    lock: Mutex<T>,
-}
-
-impl<T> ForkHeld<T> {
-    fn new(value: T) -> Self {
-        Self { held: AtomicBool::new(false), lock: Mutex::new(value) }
-    }
-
-    fn hold(&self) {
-        std::mem::forget(self.lock.lock());
-        self.held.store(true, Ordering::Release);
-    }
-
-    fn release(&self) {
-        if self.held.swap(false, Ordering::AcqRel) {
-            // SAFETY: hold leaked the guard of this mutex on this thread (fork's prepare
-            // handler and its parent/child handler run on the same thread), so it is locked,
-            // and by this thread.
-            unsafe { self.lock.force_unlock() };
-        }
-    }
+/// The write-back worker's locks, held by [`Fs::pause_writeback`] until this drops.
+#[must_use = "write-back resumes when this drops"]
+pub struct WritebackPause<'a> {
+    // Fields drop in order: the state lock first, then the pass gate (the reverse of taking).
+    _state: MutexGuard<'a, WritebackState>,
+    _pass: MutexGuard<'a, ()>,
 }
 
 fn writeback_worker(fs: Weak<Fs>, pid: u32) {
@@ -1072,14 +1048,13 @@ fn writeback_worker(fs: Weak<Fs>, pid: u32) {
             return;
         }
         {
-            let mut state = strong.cache.wb_state.lock.lock();
+            let mut state = strong.cache.wb_state.lock();
             if !state.kicked {
-                let interval = strong.cache.interval;
-                strong.cache.wb_kick.wait_for(&mut state, interval);
+                state = strong.cache.wb_kick.wait_for(state, strong.cache.interval);
             }
             state.kicked = false;
         }
-        let _pass = strong.cache.pass.lock.lock();
+        let _pass = strong.cache.pass.lock();
         if let Err(e) = strong.writeback_all() {
             tracing::warn!("write-back failed: {e}");
         }
@@ -1095,8 +1070,8 @@ mod tests {
         Page { data: vec![tag; 4].into_boxed_slice(), dirty: false, in_flight: false }
     }
 
-    /// `fork`'s prepare handler pauses write-back; until the parent's or child's handler
-    /// resumes it, every lock of the write-back machinery stays held by the forking thread, so
+    /// `fork`'s prepare handler pauses write-back; until the parent's or child's handler drops
+    /// the pause, every lock of the write-back machinery stays held by the forking thread, so
     /// the child never inherits one held by a thread it does not have (the worker takes its
     /// state lock each time it wakes; a child forked then hung in its fork handler).
     #[test]
@@ -1108,11 +1083,11 @@ mod tests {
         config.value_size_max_bytes = 64 << 10;
         let kv = Arc::new(crate::kv::PoolKv::new(kura_pool::Pool::open(config).unwrap()).unwrap());
         let fs = Fs::open(kv, FsConfig::default(), crate::ns::Owner { uid: 0, gid: 0 }).unwrap();
-        let held_elsewhere = |fs: &Fs| std::thread::scope(|s| s.spawn(|| (fs.cache.wb_state.lock.try_lock().is_none(), fs.cache.pass.lock.try_lock().is_none())).join().unwrap());
+        let held_elsewhere = |fs: &Fs| std::thread::scope(|s| s.spawn(|| (fs.cache.wb_state.try_lock().is_none(), fs.cache.pass.try_lock().is_none())).join().unwrap());
         assert_eq!(held_elsewhere(&fs), (false, false));
-        fs.pause_writeback();
+        let paused = fs.pause_writeback();
         assert_eq!(held_elsewhere(&fs), (true, true), "both locks held across fork");
-        fs.resume_writeback();
+        drop(paused);
         assert_eq!(held_elsewhere(&fs), (false, false));
     }
 

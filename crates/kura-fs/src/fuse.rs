@@ -16,12 +16,12 @@ use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use parking_lot::Mutex;
 
 use crate::cache::{Node, WriteMode};
 use crate::error::FsError;
 use crate::layout::{DirEntry, Inode, file_type};
 use crate::ns::{Owner, RenameFlags, SetAttr, now_ns};
+use crate::sync::Mutex;
 use crate::Fs;
 
 /// Kernel threads reading FUSE requests.

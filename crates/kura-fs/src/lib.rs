@@ -11,6 +11,7 @@
 //!   `O_DIRECT` around it, `O_SYNC` through it, `fsync` as a barrier.
 //! * [`path`]: path resolution (symlinks, `..`, mount prefix).
 //! * [`fuse`]: the same namespace through the kernel (`kura fs mount`).
+//! * [`sync`]: the locks, which a `fork` can hold (std's futex words, not parking_lot's).
 //!
 //! Consistency between processes is close-to-open (as NFS): a process's buffered writes
 //! reach the pool at the latest when it closes the file, calls `fsync`, forks, execs or exits;
@@ -25,14 +26,15 @@ pub mod layout;
 pub mod ns;
 mod openers;
 pub mod path;
+pub mod sync;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Once};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
-pub use cache::{Node, WriteMode};
+pub use cache::{Node, WriteMode, WritebackPause};
 pub use error::{FsError, Result};
 pub use kv::{Cond, Kv, PoolKv};
 pub use layout::{DirEntry, Inode, ROOT_INO};

@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use kura_fs::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use kura_fs::{DirEntry, Node};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::hooks::raw;
 
@@ -179,6 +179,11 @@ impl OpenFile {
     }
 }
 
+/// The descriptor table's lock, held across `fork` (see [`FdTable::lock_for_fork`]).
+pub struct FdTableForkLock<'a> {
+    _entries: RwLockWriteGuard<'a, Vec<Option<Arc<OpenFile>>>>,
+}
+
 /// Descriptor number → open file, for this process.
 pub struct FdTable {
     entries: RwLock<Vec<Option<Arc<OpenFile>>>>,
@@ -241,14 +246,9 @@ impl FdTable {
         entries.iter().enumerate().filter_map(|(i, e)| e.clone().map(|f| (i as i32, f))).collect()
     }
 
-    pub fn lock_for_fork(&self) {
-        std::mem::forget(self.entries.write());
-    }
-
-    pub fn unlock_after_fork(&self) {
-        // SAFETY: lock_for_fork leaked a write guard on this thread; the parent and child
-        // handlers of the same fork call this exactly once each, in their own process.
-        unsafe { self.entries.force_unlock_write() };
+    /// Locks the table for `fork` until the result drops (in the parent and in the child).
+    pub fn lock_for_fork(&self) -> FdTableForkLock<'_> {
+        FdTableForkLock { _entries: self.entries.write() }
     }
 
     /// Finds kura placeholders inherited across `exec` (by their memfd name) and adopts them.

@@ -29,8 +29,8 @@ use std::ffi::{c_int, c_long, c_void};
 use std::mem::{offset_of, size_of};
 
 use kura_fs::path::Resolved;
+use kura_fs::sync::{Mutex, MutexGuard};
 use kura_fs::{Fs, FsError};
-use parking_lot::Mutex;
 
 use crate::hooks::{active, cred, errno, fs_errno, guard, owner, resolve, ret, ret_int, umask_now, with_fs};
 use crate::paths::{Target, USER_SPACE_END, classify};
@@ -86,15 +86,15 @@ impl SocketNames {
         self.paths.lock().get(name).cloned()
     }
 
-    pub fn lock_for_fork(&self) {
-        std::mem::forget(self.paths.lock());
+    /// Locks the names for `fork` until the result drops (in the parent and in the child).
+    pub fn lock_for_fork(&self) -> SocketNamesForkLock<'_> {
+        SocketNamesForkLock { _paths: self.paths.lock() }
     }
+}
 
-    pub fn unlock_after_fork(&self) {
-        // SAFETY: lock_for_fork leaked a guard on this thread; the parent and child handlers
-        // of the same fork call this exactly once each, in their own process.
-        unsafe { self.paths.force_unlock() };
-    }
+/// The socket names' lock, held across `fork` (see [`SocketNames::lock_for_fork`]).
+pub struct SocketNamesForkLock<'a> {
+    _paths: MutexGuard<'a, HashMap<Vec<u8>, Vec<u8>>>,
 }
 
 /// An address to give the kernel in place of the caller's.

@@ -2,14 +2,15 @@
 //! load time, the file system (opened at the first kura access), the descriptor table and the
 //! working directory when it is inside the mount.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kura_fs::{Fs, FsConfig, FsError, Owner, PoolKv};
-use parking_lot::{Mutex, RwLock};
+use kura_fs::sync::{Mutex, RwLock, RwLockWriteGuard};
+use kura_fs::{Fs, FsConfig, FsError, Owner, PoolKv, WritebackPause};
 
-use crate::fds::FdTable;
+use crate::fds::{FdTable, FdTableForkLock};
+use crate::sock::SocketNamesForkLock;
 
 /// Mount prefix when `KURA_FS_MOUNT` is not set.
 pub const MOUNT_DEFAULT: &str = "/kura";
@@ -280,8 +281,8 @@ impl State {
     }
 
     /// The file system if it is open (no attempt to open it).
-    pub fn fs_if_open(&self) -> Option<Arc<Fs>> {
-        self.fs_open.get().cloned()
+    pub fn fs_if_open(&self) -> Option<&Arc<Fs>> {
+        self.fs_open.get()
     }
 
     fn open_fs(&self) -> Result<Arc<Fs>, FsError> {
@@ -299,6 +300,28 @@ impl State {
     }
 }
 
+/// The locks `fork`'s prepare handler holds across `fork`, for the parent's and the child's
+/// handler to drop (in field order). They are std's locks: a futex word each, with no owner
+/// recorded and nothing outside the lock, so the child's copy of a guard unlocks the child's
+/// copy of the word (see [`kura_fs::sync`]). `'static` as the state is.
+struct ForkGuards {
+    _fds: FdTableForkLock<'static>,
+    _sock_names: SocketNamesForkLock<'static>,
+    _cwd: RwLockWriteGuard<'static, Option<Vec<u8>>>,
+    _writeback: Option<WritebackPause<'static>>,
+}
+
+thread_local! {
+    /// What `fork`'s prepare handler holds, on the forking thread, until the parent's or the
+    /// child's handler takes it (all three run on that thread; the child's copy of it).
+    static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
+}
+
+/// The locks the prepare handler of this fork holds (`None` when it held none).
+fn take_fork_guards() -> Option<ForkGuards> {
+    FORK_GUARDS.try_with(|held| held.borrow_mut().take()).ok().flatten()
+}
+
 extern "C" fn atfork_prepare() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
@@ -306,29 +329,29 @@ extern "C" fn atfork_prepare() {
         // one starts, so none of the locks below or inside the file system is held.
         state.fork_gate.close();
         let _busy = Busy::enter();
-        if let Some(fs) = state.fs_if_open() {
+        let writeback = state.fs_if_open().map(|fs| {
             // The child starts with nothing dirty, so parent and child never write back the
             // same pages (shared descriptors share offsets, not caches).
             if let Err(e) = fs.writeback_all() {
                 crate::hooks::complain(&format!("libkura_fs: write-back before fork failed: {e}"));
             }
-            fs.pause_writeback();
-        }
-        state.fds.lock_for_fork();
-        state.sock_names.lock_for_fork();
-        std::mem::forget(state.cwd.write());
+            fs.pause_writeback()
+        });
+        let fds = state.fds.lock_for_fork();
+        let sock_names = state.sock_names.lock_for_fork();
+        let cwd = state.cwd.write();
+        let guards = ForkGuards { _fds: fds, _sock_names: sock_names, _cwd: cwd, _writeback: writeback };
+        // A thread whose thread-locals are already destroyed (a fork from one's destructor)
+        // cannot keep them: the guards drop here and that fork holds nothing.
+        let _ = FORK_GUARDS.try_with(|held| *held.borrow_mut() = Some(guards));
     });
 }
 
 extern "C" fn atfork_parent() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
-        state.fds.unlock_after_fork();
-        state.sock_names.unlock_after_fork();
-        // SAFETY: the prepare handler leaked a write guard of `cwd` on this thread.
-        unsafe { state.cwd.force_unlock_write() };
+        drop(take_fork_guards());
         if let Some(fs) = state.fs_if_open() {
-            fs.resume_writeback();
             // The child shares this process's descriptors and may write through them.
             fs.invalidate_cached();
         }
@@ -339,13 +362,9 @@ extern "C" fn atfork_parent() {
 extern "C" fn atfork_child() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
-        state.fds.unlock_after_fork();
-        state.sock_names.unlock_after_fork();
-        // SAFETY: the prepare handler leaked a write guard of `cwd` on this thread.
-        unsafe { state.cwd.force_unlock_write() };
+        drop(take_fork_guards());
         state.fork_gate.open(true);
         if let Some(fs) = state.fs_if_open() {
-            fs.resume_writeback();
             // Before fork returns: the parent may close its descriptors right away. (A child
             // cannot use its parent's embedded engine at all.)
             let _busy = Busy::enter();
