@@ -102,6 +102,8 @@ thread_local! {
 pub struct PoolKv {
     pool: Pool,
     id: u64,
+    /// The embedded engine, whose locks are parking_lot's: no forked child reaches it (the
+    /// preload refuses a child its parent's engine; see [`crate::sync`]).
     engine: Option<Engine>,
     /// Some node is a redis-server: its metadata values carry a version prefix.
     redis: bool,

@@ -245,7 +245,7 @@ impl State {
     /// (tried again after a short back-off, so a pool that comes back is used again).
     #[inline]
     pub fn fs(&self) -> Result<&Arc<Fs>, FsError> {
-        if self.embedded && kura_fs::process_id() != self.owner_pid {
+        if self.engine_is_parents() {
             return Err(FsError::Io("the embedded engine belongs to the parent process (use a kura server pool to share the file system between processes)".into()));
         }
         match self.fs_open.get() {
@@ -280,9 +280,19 @@ impl State {
         }
     }
 
-    /// The file system if it is open (no attempt to open it).
+    /// The file system if it is open (no attempt to open it) and this process may use it: not
+    /// in a child of the process that embeds the engine (a child's `sync` wrote the parent's
+    /// journal from the child, and the engine's locks are parking_lot's, see `kura_fs::sync`).
     pub fn fs_if_open(&self) -> Option<&Arc<Fs>> {
+        if self.engine_is_parents() {
+            return None;
+        }
         self.fs_open.get()
+    }
+
+    /// This process is a child of the one that embeds the engine.
+    fn engine_is_parents(&self) -> bool {
+        self.embedded && kura_fs::process_id() != self.owner_pid
     }
 
     fn open_fs(&self) -> Result<Arc<Fs>, FsError> {
@@ -364,13 +374,11 @@ extern "C" fn atfork_child() {
         let Some(state) = get() else { return };
         drop(take_fork_guards());
         state.fork_gate.open(true);
+        // None with an embedded engine, which a child cannot use at all.
         if let Some(fs) = state.fs_if_open() {
-            // Before fork returns: the parent may close its descriptors right away. (A child
-            // cannot use its parent's embedded engine at all.)
+            // Before fork returns: the parent may close its descriptors right away.
             let _busy = Busy::enter();
-            if !state.embedded
-                && let Err(e) = fs.register_inherited_opens()
-            {
+            if let Err(e) = fs.register_inherited_opens() {
                 crate::hooks::complain(&format!("libkura_fs: recording this child in its open files failed: {e}"));
             }
         }

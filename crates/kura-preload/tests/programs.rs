@@ -665,6 +665,38 @@ print("ok")
     assert_eq!(env.run(&["python3", "-c", script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
 }
 
+/// A forked child of a process that embeds the engine leaves the engine alone: its `sync`
+/// wrote a journal block into its parent's store (and took the engine's locks, which are
+/// parking_lot's and not safe to take in a child). The child's write system calls around its
+/// `sync` are counted in `/proc/self/io`.
+#[test]
+fn a_forked_child_leaves_its_parents_embedded_engine_alone() {
+    if !std::path::Path::new("/proc/self/io").exists() {
+        return kura_testkit::skip("no /proc/self/io (task I/O accounting) to count a child's writes");
+    }
+    let env = Env::new();
+    let script = r#"
+import os
+def writes():
+    with open("/proc/self/io") as f:
+        return int(next(l for l in f if l.startswith("syscw:")).split()[1])
+fd = os.open("/kura/f", os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"parent")
+os.fsync(fd)
+os.close(fd)
+child = os.fork()
+if child == 0:
+    before = writes()
+    os.sync()
+    os._exit(min(writes() - before, 100))
+_, status = os.waitpid(child, 0)
+print("child wrote", os.waitstatus_to_exitcode(status))
+"#;
+    let out = env.command(&["--pool", "embedded", "--store-size", "256M"], &["python3", "-c", script]).output().unwrap();
+    check(&out, &["python3", "fork and sync"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "child wrote 0\n");
+}
+
 #[test]
 fn a_full_pool_is_enospc_not_a_crash() {
     let env = Env::new();
