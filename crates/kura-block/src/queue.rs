@@ -506,6 +506,19 @@ impl<B: ReadBuf> BlockQueue<B> {
         self.poll_watching(timeout, None, on_done)
     }
 
+    /// Sends what was submitted to the pool without waiting, and hands every request that has
+    /// finished meanwhile to `on_done` (how many it handed over). [`BlockQueue::poll`] with a
+    /// zero timeout returns before sending when finished requests are already waiting.
+    pub fn send(&mut self, on_done: &mut dyn FnMut(Done<B>)) -> Result<usize> {
+        self.pump();
+        if self.ctx.in_flight() > 0 {
+            let st = &mut self.st;
+            self.ctx.poll(Some(Duration::ZERO), &mut |c| st.on_completion(c)).map_err(BlockError::from_pool)?;
+            self.pump();
+        }
+        Ok(self.deliver(on_done))
+    }
+
     /// [`BlockQueue::poll`] that also returns early when new data arrives on `watch` (the
     /// client socket; see [`kura_pool::Context::poll_watching`]).
     pub fn poll_watching(&mut self, timeout: Option<Duration>, watch: Option<RawFd>, on_done: &mut dyn FnMut(Done<B>)) -> Result<usize> {

@@ -48,6 +48,10 @@ const OUT_BYTES_MAX: usize = 256 << 20;
 const INBUF_BYTES: usize = 256 << 10;
 /// Replies per `writev`.
 const REPLIES_PER_WRITE_MAX: usize = 256;
+/// Replies that finished together go out in groups of this many, and between groups the
+/// connection takes in and starts the requests that arrived meanwhile (see
+/// [`Transmission::write_replies_taking_requests`]).
+const REPLIES_PER_GROUP: usize = 4;
 /// Read buffers kept for reuse per connection.
 const SPARE_BUFFERS_MAX: usize = 64;
 /// How often idle listeners and connections look at the stop flag.
@@ -672,7 +676,7 @@ impl<'a> Transmission<'a> {
                 for done in finished {
                     self.reply(done);
                 }
-                self.write_replies()?;
+                self.write_replies_taking_requests()?;
                 continue;
             }
             if self.closing && self.out.is_empty() {
@@ -817,11 +821,51 @@ impl<'a> Transmission<'a> {
         }
     }
 
+    /// Writes the replies of requests that finished together, [`REPLIES_PER_GROUP`] at a time,
+    /// and between groups reads the requests that arrived meanwhile and sends them to the pool.
+    /// The device completes a client's reads in batches (a virtual disk answers what it was
+    /// given at once), and a client sends its next requests as replies reach it: written in
+    /// one piece, the whole batch's replies went out before the client could send any, and
+    /// the device idled until the next batch came in, in waves of the client's queue depth.
+    /// In groups, the client's next requests reach the device while the rest are written.
+    /// `kura bench block --frontends nbd` (fio nbd randread, queue depth 32), NBD over the
+    /// pool's GET rate: in one piece 0.75 and 0.77 on the embedded engine, 0.73 and 0.76 on a
+    /// kura server; in groups of 2, 4 or 8, 0.93–1.03 and 0.80–0.86.
+    fn write_replies_taking_requests(&mut self) -> Result<(), ConnError> {
+        loop {
+            let socket_full = !self.write_replies_upto(REPLIES_PER_GROUP)?;
+            if socket_full || self.out.is_empty() {
+                return Ok(());
+            }
+            if self.closing || self.backpressured() {
+                return self.write_replies();
+            }
+            let before = self.queue.requests();
+            self.read_requests()?;
+            if self.queue.requests() > before {
+                let mut finished = Vec::new();
+                self.queue.send(&mut |done| finished.push(done))?;
+                for done in finished {
+                    self.reply(done);
+                }
+            }
+        }
+    }
+
     /// Writes finished replies, many per `writev`, until the socket is full.
     fn write_replies(&mut self) -> Result<(), ConnError> {
-        while !self.out.is_empty() {
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * REPLIES_PER_WRITE_MAX.min(self.out.len()));
-            for reply in self.out.iter().take(REPLIES_PER_WRITE_MAX) {
+        self.write_replies_upto(usize::MAX).map(drop)
+    }
+
+    /// Writes up to `replies_max` finished replies, many per `writev`. Returns false when the
+    /// socket is full (the rest waits for it to drain).
+    fn write_replies_upto(&mut self, replies_max: usize) -> Result<bool, ConnError> {
+        let mut left = replies_max;
+        while !self.out.is_empty() && left > 0 {
+            let replies = REPLIES_PER_WRITE_MAX.min(left).min(self.out.len());
+            left -= replies;
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * replies);
+            for reply in self.out.iter().take(replies) {
                 let header_len = reply.header.len();
                 if reply.written < header_len {
                     slices.push(IoSlice::new(&reply.header[reply.written..]));
@@ -833,21 +877,24 @@ impl<'a> Transmission<'a> {
             }
             let written = match self.stream.write_vectored(&slices) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    left += replies;
+                    continue;
+                }
                 Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
                     // The client is gone: nothing more can be sent.
                     self.closing = true;
                     self.out.clear();
                     self.out_bytes = 0;
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(e) => return Err(e.into()),
             };
             drop(slices);
             self.advance(written);
         }
-        Ok(())
+        Ok(true)
     }
 
     fn advance(&mut self, mut written: usize) {
