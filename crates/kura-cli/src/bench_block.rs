@@ -391,6 +391,9 @@ struct Anchors {
     /// Per round: pool gets/s at --depth, pool mean latency at depth 1, qemu-nbd IOPS at
     /// --depth, qemu-nbd mean latency at depth 1.
     rounds: [Vec<f64>; 4],
+    /// Rounds run, whether or not they measured anything (with neither an nbd volume nor
+    /// qemu-nbd, a round measures nothing).
+    rounds_run: u32,
 }
 
 const ANCHOR_FIELDS: [&str; 4] = ["pool_get_4k_ops_per_s", "pool_get_4k_lat_us", "qemu_nbd_randread_4k_iops", "qemu_nbd_qd1_read_lat_us"];
@@ -413,11 +416,11 @@ impl Anchors {
         } else {
             (Some(QemuNbd::start(args, dir, progress)?), None)
         };
-        Ok(Self { url: url.to_owned(), embedded: url.starts_with("embedded:"), volume_id, blocks: args.size.0 / BLOCK_SIZE_BYTES, qemu, qemu_absent, rounds: Default::default() })
+        Ok(Self { url: url.to_owned(), embedded: url.starts_with("embedded:"), volume_id, blocks: args.size.0 / BLOCK_SIZE_BYTES, qemu, qemu_absent, rounds: Default::default(), rounds_run: 0 })
     }
 
     fn rounds_done(&self) -> u32 {
-        self.rounds[0].len().max(self.rounds[2].len()) as u32
+        self.rounds_run
     }
 
     fn round(&mut self, args: &BlockBenchArgs, progress: &Progress) -> anyhow::Result<()> {
@@ -439,6 +442,7 @@ impl Anchors {
             let r = run_fio(&fio_job(&qemu.target, FioRw::RandRead, BLOCK_SIZE_BYTES, 1, args.size.0, Some(args.runtime_s)))?;
             self.rounds[3].push(round1(r.read.context("qemu-nbd: no reads")?.lat_us_mean));
         }
+        self.rounds_run += 1;
         Ok(())
     }
 
@@ -925,6 +929,26 @@ mod tests {
         assert_eq!(g["fuse_loop_randread_over_nbd"]["met"], false);
         let none = goals(&json!({}));
         assert_eq!(none["nbd_randread_over_qemu_nbd"]["met"], Value::Null);
+    }
+
+    /// With neither an nbd volume nor qemu-nbd (`--frontends fuse_loop --skip-qemu`) a round
+    /// measures nothing, and the rounds still end (they used to be counted by their figures,
+    /// and the bench looped for ever).
+    #[test]
+    fn anchor_rounds_that_measure_nothing_still_count() {
+        let mut anchors = Anchors { url: "embedded:unused".into(), embedded: true, volume_id: None, blocks: 1, qemu: None, qemu_absent: Some("--skip-qemu".into()), rounds: Default::default(), rounds_run: 0 };
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: BlockBenchArgs,
+        }
+        let args = <Cli as clap::Parser>::try_parse_from(["bench", "--rounds", "3", "--skip-qemu"]).unwrap().args;
+        let progress = Progress::new(0);
+        for _ in 0..args.rounds {
+            anchors.round(&args, &progress).unwrap();
+        }
+        assert_eq!(anchors.rounds_done(), args.rounds, "three rounds ran");
+        assert_eq!(anchors.report()["pool_get_4k_ops_per_s"], Value::Null);
     }
 
     #[test]
