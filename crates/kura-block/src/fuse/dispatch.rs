@@ -23,7 +23,7 @@ use kura_pool::{Pool, Waker};
 
 use crate::error::BlockError;
 use super::KuraFs;
-use crate::queue::{BlockQueue, Done, Volume};
+use crate::queue::{BlockQueue, Done, REPLIES_PER_GROUP, Volume};
 
 /// Requests one dispatcher keeps in flight, at most (the kernel sends at most
 /// `max_background` asynchronous ones; the rest wait in the inbox).
@@ -140,22 +140,48 @@ struct Driver {
 impl Driver {
     fn drive(&mut self, dispatcher: &Dispatcher) {
         while self.take_jobs(dispatcher) {
-            while let Some(job) = self.batch.pop_front() {
-                self.submit(job);
-            }
+            self.submit_batch();
             if self.queue.requests() == 0 {
                 continue;
             }
             let finished = &mut self.finished;
             match self.queue.poll(None, &mut |done| finished.push(done)) {
                 Ok(_) => {
-                    for done in std::mem::take(&mut self.finished) {
-                        self.reply(done);
+                    if let Err(e) = self.reply_taking_jobs(dispatcher) {
+                        self.recover(dispatcher, &e);
                     }
                 }
                 Err(e) => self.recover(dispatcher, &e),
             }
         }
+    }
+
+    fn submit_batch(&mut self) {
+        while let Some(job) = self.batch.pop_front() {
+            self.submit(job);
+        }
+    }
+
+    /// Replies to the requests that finished, [`REPLIES_PER_GROUP`] at a time, and between
+    /// groups submits the requests handed over meanwhile and sends them to the pool (why: see
+    /// [`REPLIES_PER_GROUP`]; each reply is a write to `/dev/fuse`).
+    fn reply_taking_jobs(&mut self, dispatcher: &Dispatcher) -> Result<(), BlockError> {
+        let mut finished = std::mem::take(&mut self.finished);
+        let mut result = Ok(());
+        while !finished.is_empty() {
+            for done in finished.drain(..REPLIES_PER_GROUP.min(finished.len())) {
+                self.reply(done);
+            }
+            if finished.is_empty() || result.is_err() || !self.take_handed_over(dispatcher) {
+                continue;
+            }
+            self.submit_batch();
+            if let Err(e) = self.queue.send(&mut |done| finished.push(done)) {
+                result = Err(e);
+            }
+        }
+        self.finished = finished;
+        result
     }
 
     /// Takes what the inbox holds (as much as fits in flight). Returns false, and stops
@@ -167,13 +193,26 @@ impl Driver {
             inbox.driving = false;
             return false;
         }
+        self.take_from(&mut inbox);
+        true
+    }
+
+    /// Takes the jobs handed over while this thread drives (as much as fits in flight); a
+    /// wake-up already sent for them is left for the next wait to consume. Returns whether
+    /// it took any.
+    fn take_handed_over(&mut self, dispatcher: &Dispatcher) -> bool {
+        let mut inbox = dispatcher.lock_inbox();
+        self.take_from(&mut inbox);
+        !self.batch.is_empty()
+    }
+
+    fn take_from(&mut self, inbox: &mut Inbox) {
         let room = DISPATCH_REQUESTS_MAX.saturating_sub(self.queue.requests());
         if inbox.jobs.len() <= room {
             std::mem::swap(&mut self.batch, &mut inbox.jobs);
         } else {
             self.batch.extend(inbox.jobs.drain(..room));
         }
-        true
     }
 
     fn slot(&mut self, pending: Pending) -> usize {

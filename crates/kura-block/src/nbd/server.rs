@@ -23,7 +23,7 @@ use kura_pool::{Context, Pool};
 use super::proto::{self, ClientOption, Command, ExportLimits, ProtoError};
 use crate::error::BlockError;
 use crate::layout::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
-use crate::queue::{BlockLocks, BlockQueue, Done, Volume};
+use crate::queue::{BlockLocks, BlockQueue, Done, REPLIES_PER_GROUP, Volume};
 use crate::volume::{VolumeMeta, Volumes};
 
 /// The NBD port (IANA).
@@ -48,10 +48,6 @@ const OUT_BYTES_MAX: usize = 256 << 20;
 const INBUF_BYTES: usize = 256 << 10;
 /// Replies per `writev`.
 const REPLIES_PER_WRITE_MAX: usize = 256;
-/// Replies that finished together go out in groups of this many, and between groups the
-/// connection takes in and starts the requests that arrived meanwhile (see
-/// [`Transmission::write_replies_taking_requests`]).
-const REPLIES_PER_GROUP: usize = 4;
 /// Read buffers kept for reuse per connection.
 const SPARE_BUFFERS_MAX: usize = 64;
 /// How often idle listeners and connections look at the stop flag.
@@ -822,15 +818,8 @@ impl<'a> Transmission<'a> {
     }
 
     /// Writes the replies of requests that finished together, [`REPLIES_PER_GROUP`] at a time,
-    /// and between groups reads the requests that arrived meanwhile and sends them to the pool.
-    /// The device completes a client's reads in batches (a virtual disk answers what it was
-    /// given at once), and a client sends its next requests as replies reach it: written in
-    /// one piece, the whole batch's replies went out before the client could send any, and
-    /// the device idled until the next batch came in, in waves of the client's queue depth.
-    /// In groups, the client's next requests reach the device while the rest are written.
-    /// `kura bench block --frontends nbd` (fio nbd randread, queue depth 32), NBD over the
-    /// pool's GET rate: in one piece 0.75 and 0.77 on the embedded engine, 0.73 and 0.76 on a
-    /// kura server; in groups of 2, 4 or 8, 0.93–1.03 and 0.80–0.86.
+    /// and between groups reads the requests that arrived meanwhile and sends them to the pool
+    /// (why: see [`REPLIES_PER_GROUP`]).
     fn write_replies_taking_requests(&mut self) -> Result<(), ConnError> {
         loop {
             let socket_full = !self.write_replies_upto(REPLIES_PER_GROUP)?;
