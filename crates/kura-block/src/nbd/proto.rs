@@ -358,11 +358,16 @@ pub fn validate(r: &Request, limits: &ExportLimits) -> Result<Command, u32> {
     if !r.offset.is_multiple_of(min) || !u64::from(r.len).is_multiple_of(min) {
         return Err(EINVAL);
     }
+    // The protocol: EINVAL for a read or write over the maximum block size (EOVERFLOW is
+    // only for a read with NBD_CMD_FLAG_DF, which needs structured replies); ENOSPC for a
+    // write or write-zeroes past the end, EINVAL for a read or trim past it. A write-zeroes
+    // longer than the maximum is taken, though the protocol asks for EINVAL: it carries no
+    // payload, and Linux's client sends them up to 4 GiB whatever the server advertises.
     if matches!(r.kind, CMD_READ | CMD_WRITE) && r.len > limits.max_block_bytes {
-        return Err(if r.kind == CMD_READ { EOVERFLOW } else { EINVAL });
+        return Err(EINVAL);
     }
     if r.offset.checked_add(u64::from(r.len)).is_none_or(|end| end > limits.size_bytes) {
-        return Err(if writes { ENOSPC } else { EINVAL });
+        return Err(if matches!(r.kind, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL });
     }
     let (offset, len) = (r.offset, r.len);
     Ok(match r.kind {
@@ -482,16 +487,27 @@ mod tests {
         assert_eq!(ok(req(CMD_READ, 0, 0, 0)), Err(EINVAL), "empty");
         assert_eq!(ok(req(CMD_READ, 0, 100, 512)), Err(EINVAL), "unaligned offset");
         assert_eq!(ok(req(CMD_WRITE, 0, 0, 100)), Err(EINVAL), "unaligned length");
-        assert_eq!(ok(req(CMD_READ, 0, 0, 128 << 10)), Err(EOVERFLOW), "oversized read");
         assert_eq!(ok(req(CMD_WRITE, 0, 0, 128 << 10)), Err(EINVAL), "oversized write");
         assert_eq!(ok(req(CMD_READ, 0, (1 << 20) - 512, 1024)), Err(EINVAL), "read past the end");
         assert_eq!(ok(req(CMD_WRITE, 0, 1 << 20, 512)), Err(ENOSPC), "write past the end");
-        assert_eq!(ok(req(CMD_TRIM, 0, u64::MAX - 511, 512)), Err(ENOSPC), "offset overflow");
+        assert_eq!(ok(req(CMD_WRITE_ZEROES, 0, u64::MAX - 511, 512)), Err(ENOSPC), "offset overflow");
         let ro = ExportLimits { read_only: true, ..LIMITS };
         assert_eq!(validate(&req(CMD_WRITE, 0, 0, 512), &ro), Err(EPERM));
         assert_eq!(validate(&req(CMD_READ, 0, 0, 512), &ro), Ok(Command::Read { offset: 0, len: 512 }));
         let bytes = ExportLimits { min_block_bytes: 1, ..LIMITS };
         assert_eq!(validate(&req(CMD_READ, 0, 3, 5), &bytes), Ok(Command::Read { offset: 3, len: 5 }));
+    }
+
+    /// The error numbers `doc/proto.md` names (found by tests/nbd_model.rs): a read over the
+    /// maximum block size is EINVAL, not EOVERFLOW; a trim past the end is EINVAL, like a
+    /// read, not ENOSPC, which is for writes and write-zeroes.
+    #[test]
+    fn oversized_reads_and_trims_past_the_end_get_einval() {
+        let ok = |r: Request| validate(&r, &LIMITS);
+        assert_eq!(ok(req(CMD_READ, 0, 0, 128 << 10)), Err(EINVAL), "oversized read");
+        assert_eq!(ok(req(CMD_TRIM, 0, (1 << 20) - 512, 1024)), Err(EINVAL), "trim across the end");
+        assert_eq!(ok(req(CMD_TRIM, 0, u64::MAX - 511, 512)), Err(EINVAL), "trim whose end overflows");
+        assert_eq!(ok(req(CMD_WRITE_ZEROES, 0, 1 << 20, 512)), Err(ENOSPC), "write-zeroes past the end");
     }
 
     proptest! {

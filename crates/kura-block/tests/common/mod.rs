@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw_client;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
