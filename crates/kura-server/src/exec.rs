@@ -479,7 +479,7 @@ pub fn finish_lookup(
 
 fn delete(ctx: &mut Ctx<'_>, key: &[u8], noreply: bool) {
     *ctx.wrote = true;
-    match ctx.store.delete(key, 0, None, DeleteMode::Remove) {
+    match ctx.store.delete(key, None, None, DeleteMode::Remove) {
         Ok(DeleteOutcome::Deleted) => {
             bump(&ctx.stats.delete_hits);
             reply(ctx, Reply::Deleted, noreply);
@@ -615,6 +615,45 @@ impl MetaHit {
     }
 }
 
+/// The TTL an item created by `N` ends with. memcached walks the flags in
+/// request order, and on a created item both `T` and `N` set the TTL, so the
+/// later one wins: `mg k T100 N30` creates an item that lives 30 s, `mg k N30
+/// T0` one that never expires.
+fn created_ttl_s(flags: &MetaFlags<'_>) -> Option<i64> {
+    let vivify_s = flags.vivify_ttl_s()?;
+    let last = flags
+        .iter()
+        .filter(|f| matches!(f, MetaFlag::Ttl | MetaFlag::Vivify))
+        .last();
+    Some(match (last, flags.ttl_s()) {
+        (Some(MetaFlag::Ttl), Some(ttl_s)) => ttl_s,
+        _ => vivify_s,
+    })
+}
+
+/// The exptime each of `T` and `N` sets as memcached walks the flags, for
+/// [`ttl_at_t`]: on a hit `T` sets the item's new exptime and `N` nothing; on
+/// an item this request created (which starts with no expiry) each sets its own.
+fn ttl_updates(
+    flags: &MetaFlags<'_>,
+    created: bool,
+    new_expire_at_s: i64,
+    now_s: i64,
+) -> [(MetaFlag, Option<i64>); 2] {
+    if created {
+        let at = |ttl_s: Option<i64>| ttl_s.map(|t| clock::expire_at_s(t, now_s));
+        [
+            (MetaFlag::Ttl, at(flags.ttl_s())),
+            (MetaFlag::Vivify, at(flags.vivify_ttl_s())),
+        ]
+    } else {
+        [
+            (MetaFlag::Ttl, flags.ttl_s().map(|_| new_expire_at_s)),
+            (MetaFlag::Vivify, None),
+        ]
+    }
+}
+
 /// The exptime memcached reports for `t`: it walks the flags in request
 /// order, so a `T` (or a vivifying `N`) after `t` is not yet applied.
 fn ttl_at_t(flags: &MetaFlags<'_>, before: i64, updates: &[(MetaFlag, Option<i64>)]) -> i64 {
@@ -647,7 +686,7 @@ fn meta_get(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>, raw: &[u8]) {
     let now_s = clock::unix_now_s();
     let options = MetaGetOptions {
         exptime_s: m.flags.ttl_s(),
-        vivify_exptime_s: m.flags.vivify_ttl_s(),
+        vivify_exptime_s: created_ttl_s(&m.flags),
         recache_exptime_s: m.flags.recache_ttl_s(),
         no_update: m.flags.contains(MetaFlag::NoLruBump),
     };
@@ -656,14 +695,9 @@ fn meta_get(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>, raw: &[u8]) {
         Err(error) => return server_error(ctx, &error, false),
     };
     let hit = result.map(|r| {
-        let old_expire = r.old_expire_at_s;
         let new_expire = r.found.view.meta.expire_at_s;
-        let updates = [
-            (MetaFlag::Ttl, m.flags.ttl_s().map(|_| new_expire)),
-            (MetaFlag::Vivify, (r.created).then_some(new_expire)),
-        ];
-        let ttl_expire_at_s = ttl_at_t(&m.flags, old_expire, &updates);
-        let _ = now_s;
+        let updates = ttl_updates(&m.flags, r.created, new_expire, now_s);
+        let ttl_expire_at_s = ttl_at_t(&m.flags, r.old_expire_at_s, &updates);
         MetaHit {
             found: r.found,
             win_sent: r.win_sent,
@@ -824,12 +858,11 @@ fn meta_delete(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>) {
         DeleteMode::Remove
     };
     *ctx.wrote = true;
-    let code = match ctx.store.delete(
-        key,
-        m.flags.compare_cas().unwrap_or(0),
-        m.flags.new_cas(),
-        mode,
-    ) {
+    // `C0` compares too: memcached's mdelete checks any `C` it was given.
+    let code = match ctx
+        .store
+        .delete(key, m.flags.compare_cas(), m.flags.new_cas(), mode)
+    {
         Ok(DeleteOutcome::Deleted) => {
             bump(&ctx.stats.delete_hits);
             MetaCode::Hd
@@ -862,7 +895,7 @@ fn meta_arithmetic(ctx: &mut Ctx<'_>, m: &MetaArithmetic<'_>) {
         delta: m.delta(),
         compare_cas: m.flags.compare_cas().unwrap_or(0),
         new_cas: m.flags.new_cas(),
-        vivify: m.flags.vivify_ttl_s().map(|ttl| (m.initial(), ttl)),
+        vivify: created_ttl_s(&m.flags).map(|ttl| (m.initial(), ttl)),
         exptime_s: m.flags.ttl_s(),
     };
     *ctx.wrote = true;
@@ -878,6 +911,7 @@ fn meta_arithmetic(ctx: &mut Ctx<'_>, m: &MetaArithmetic<'_>) {
             cas,
             meta,
             created,
+            old_expire_at_s,
         } => {
             bump(if incr {
                 &ctx.stats.incr_hits
@@ -895,12 +929,8 @@ fn meta_arithmetic(ctx: &mut Ctx<'_>, m: &MetaArithmetic<'_>) {
             if m.flags.quiet() && quiet_suppresses(MetaCommand::Arithmetic, code) && !created {
                 return;
             }
-            let before = if created { 0 } else { meta.expire_at_s };
-            let updates = [
-                (MetaFlag::Ttl, m.flags.ttl_s().map(|_| meta.expire_at_s)),
-                (MetaFlag::Vivify, created.then_some(meta.expire_at_s)),
-            ];
-            let ttl = clock::ttl_s(ttl_at_t(&m.flags, before, &updates), now_s);
+            let updates = ttl_updates(&m.flags, created, meta.expire_at_s, now_s);
+            let ttl = clock::ttl_s(ttl_at_t(&m.flags, old_expire_at_s, &updates), now_s);
             let item = MetaItem {
                 key,
                 cas: Some(cas),

@@ -220,7 +220,8 @@ pub struct ArithRequest<'a> {
     /// CAS value to compare (0 compares nothing).
     pub compare_cas: u64,
     pub new_cas: Option<u64>,
-    /// `ma N`/`J`: create a missing counter with this initial value and exptime.
+    /// `ma N`/`J`: create a missing counter with this initial value and exptime
+    /// (the caller resolves `T` against `N`, as for `mg`).
     pub vivify: Option<(u64, i64)>,
     /// `ma T`: the new exptime.
     pub exptime_s: Option<i64>,
@@ -233,6 +234,8 @@ pub enum ArithOutcome {
         cas: u64,
         meta: ItemMeta,
         created: bool,
+        /// The expiry before this request (0 for a created item).
+        old_expire_at_s: i64,
     },
     NotFound,
     Exists,
@@ -244,7 +247,8 @@ pub enum ArithOutcome {
 pub struct MetaGetOptions {
     /// `T`: new exptime.
     pub exptime_s: Option<i64>,
-    /// `N`: create an empty item with this exptime when missing, and win it.
+    /// `N`: create an empty item with this exptime when missing, and win it
+    /// (the caller resolves `T` against `N`: the later flag sets a created item's TTL).
     pub vivify_exptime_s: Option<i64>,
     /// `R`: win the recache when less than this exptime is left.
     pub recache_exptime_s: Option<i64>,
@@ -681,11 +685,11 @@ impl Store {
         })
     }
 
-    /// `delete` and `md`.
+    /// `delete` and `md`. A `compare_cas` (`md C`) must equal the item's CAS value, even 0.
     pub fn delete(
         &self,
         key: &[u8],
-        compare_cas: u64,
+        compare_cas: Option<u64>,
         new_cas: Option<u64>,
         mode: DeleteMode,
     ) -> StoreResult<DeleteOutcome> {
@@ -693,7 +697,7 @@ impl Store {
         let Some(old) = self.read_live(key)? else {
             return Ok(DeleteOutcome::NotFound);
         };
-        if compare_cas != 0 && compare_cas != old.cas() {
+        if compare_cas.is_some_and(|cas| cas != old.cas()) {
             return Ok(DeleteOutcome::Exists);
         }
         match mode {
@@ -737,8 +741,7 @@ impl Store {
             let Some((initial, vivify_exptime_s)) = req.vivify else {
                 return Ok(ArithOutcome::NotFound);
             };
-            let exptime_s = req.exptime_s.unwrap_or(vivify_exptime_s);
-            let meta = self.new_meta(0, exptime_s, req.new_cas);
+            let meta = self.new_meta(0, vivify_exptime_s, req.new_cas);
             let record = record::encode(req.key, &meta, &[initial.to_string().as_bytes()]);
             let (version, _) = self.put_record(req.key, record, true)?;
             self.count_item();
@@ -747,8 +750,13 @@ impl Store {
                 cas: meta.cas(version),
                 meta,
                 created: true,
+                old_expire_at_s: 0,
             });
         };
+        // memcached's do_add_delta refuses an empty value before it compares CAS values.
+        if old.data().is_empty() {
+            return Ok(ArithOutcome::NonNumeric);
+        }
         if req.compare_cas != 0 && req.compare_cas != old.cas() {
             return Ok(ArithOutcome::Exists);
         }
@@ -760,8 +768,11 @@ impl Store {
             ArithmeticOp::Decr => current.saturating_sub(req.delta),
         };
         let mut digits = value.to_string().into_bytes();
-        // memcached rewrites in place when the number fits, padding with spaces.
-        if digits.len() < old.data().len() {
+        // memcached rewrites in place when the number fits, padding with spaces,
+        // and the item stays stale and won (`md I`, `mg` W) as it was; a longer
+        // number goes to a new item, fresh.
+        let in_place = digits.len() <= old.data().len();
+        if in_place {
             digits.resize(old.data().len(), b' ');
         }
         let old_meta = *old.meta();
@@ -770,6 +781,8 @@ impl Store {
             .map_or(old_meta.expire_at_s, |e| clock::expire_at_s(e, now_s));
         let meta = ItemMeta {
             expire_at_s,
+            stale: in_place && old_meta.stale,
+            token_sent: in_place && old_meta.token_sent,
             ..self.new_meta(old_meta.client_flags, 0, req.new_cas)
         };
         let record = record::encode(req.key, &meta, &[&digits]);
@@ -779,6 +792,7 @@ impl Store {
             cas: meta.cas(version),
             meta,
             created: false,
+            old_expire_at_s: old_meta.expire_at_s,
         })
     }
 
@@ -832,10 +846,9 @@ impl Store {
             let Some(vivify_exptime_s) = options.vivify_exptime_s else {
                 return Ok(None);
             };
-            let exptime_s = options.exptime_s.unwrap_or(vivify_exptime_s);
             let meta = ItemMeta {
                 token_sent: true,
-                ..self.new_meta(0, exptime_s, None)
+                ..self.new_meta(0, vivify_exptime_s, None)
             };
             let (version, view) = self.put_record(key, record::encode(key, &meta, &[]), true)?;
             let Some(found) = self.found_after_write(key, version, view) else {

@@ -11,8 +11,8 @@ use kura_proto::ArithmeticOp;
 use proptest::prelude::*;
 
 use crate::store::{
-    ArithOutcome, ArithRequest, DeleteMode, DeleteOutcome, Store, StoreConfig, StoreMode,
-    StoreOutcome, StoreRequest,
+    ArithOutcome, ArithRequest, DeleteMode, DeleteOutcome, MetaGetOptions, Store, StoreConfig,
+    StoreMode, StoreOutcome, StoreRequest,
 };
 
 /// Keys: a few hot ones and many cold ones, so write buffers fill and seal
@@ -208,7 +208,7 @@ fn apply(store: &Store, model: &mut Model, op: &Op) {
         }
         Op::Delete { key } => {
             let outcome = store
-                .delete(&key_name(*key), 0, None, DeleteMode::Remove)
+                .delete(&key_name(*key), None, None, DeleteMode::Remove)
                 .expect("delete");
             let expected = if model.remove(key).is_some() {
                 DeleteOutcome::Deleted
@@ -277,5 +277,48 @@ proptest! {
         for key in 0..KEY_COUNT {
             check_get(&store, &model, key);
         }
+    }
+}
+
+/// memcached rewrites a number that still fits in place, so the item stays
+/// stale (`md I`) and won (`mg` W); a longer number goes to a new item.
+/// (Found by tests/differential_random.rs.)
+#[test]
+fn arithmetic_in_place_keeps_an_item_stale_and_won() {
+    let store = new_store();
+    let cases: [(&[u8], &[u8], ArithmeticOp, bool); 2] = [
+        (b"fits", b"15", ArithmeticOp::Decr, true),
+        (b"grows", b"9", ArithmeticOp::Incr, false),
+    ];
+    for (key, data, op, kept) in cases {
+        let set = StoreRequest::new(StoreMode::Set, key, data);
+        assert!(matches!(store.store(&set), Ok(StoreOutcome::Stored { .. })));
+        let stale = DeleteMode::MarkStale { exptime_s: None };
+        assert_eq!(
+            store.delete(key, None, None, stale).unwrap(),
+            DeleteOutcome::Deleted
+        );
+        let read = store
+            .meta_get(key, &MetaGetOptions::default())
+            .unwrap()
+            .unwrap();
+        assert!(read.won);
+        let req = ArithRequest {
+            key,
+            op,
+            delta: 1,
+            compare_cas: 0,
+            new_cas: None,
+            vivify: None,
+            exptime_s: None,
+        };
+        let Ok(ArithOutcome::Value { meta, .. }) = store.arith(&req) else {
+            panic!("{op:?} of {data:?}");
+        };
+        assert_eq!(
+            (meta.stale, meta.token_sent),
+            (kept, kept),
+            "{op:?} of {data:?}"
+        );
     }
 }

@@ -28,6 +28,14 @@ const SCRIPTS: &[&str] = &[
     "ms @t 1 T50\r\nx\r\nmg @t t T90\r\nmg @t T120 t\r\nmg @t T-1\r\nmg @t\r\n",
     "mg @v N30 t v\r\nmg @v N30 t v\r\nms @r 1 T10\r\ny\r\nmg @r R5\r\nmg @r R30\r\nmg @r R30\r\n",
     "ms @x 2\r\nhi\r\nmd @x I T30\r\nmg @x t v\r\nmg @x t v\r\nms @x 2\r\nok\r\nmg @x v\r\n",
+    // A created item's TTL is set by `T` and `N` in request order; `t` sees
+    // the TTL so far. (Found by differential_random.rs, as are those below.)
+    "mg @a T100 N30 t\r\nmg @a t\r\nmg @b N30 t T0\r\nmg @b t\r\nmg @c T-1 N30\r\nmg @c v\r\nmg @d N30 T-1\r\nmg @d v\r\nma @e T100 N30 t\r\nma @e t\r\nma @f N30 T100 t\r\nma @f t\r\n",
+    // `ma` on a hit: `t` before `T` sees the old TTL; an empty value is
+    // non-numeric before any CAS comparison.
+    "set @n 0 100 1\r\n5\r\nma @n t T1000\r\nma @n t\r\nms @z 0\r\n\r\nma @z C999999999\r\nma @z C0 N30\r\n",
+    // `md C0` compares, as any `C`.
+    "set @m 0 0 1\r\nx\r\nmd @m C0\r\nmd @m C0 q\r\nmd @m C0 I\r\nmg @m v\r\nmd @none C0\r\n",
     "md @d\r\nmd @d q k Oo\r\nms @d 1\r\nx\r\nmd @d q\r\nmn\r\nmg @d\r\nmd @d !\r\n",
     "ma @c\r\nma @c q k\r\nma @c N0 J10 v q\r\nma @c v\r\nma @c MD D5 v\r\nma @c M- D100 v\r\nma @c T60 t v\r\nma @c\r\nma @c q\r\nmn\r\nma @c MZ\r\nma @c Dx\r\n",
     "ms @b 2 !\r\nzz\r\nms @b 2 T\r\nzz\r\nms @b 2\r\nzzz\r\nms @b 2 Oaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\nzz\r\nmn\r\n",
