@@ -31,7 +31,8 @@ const TTL: Duration = Duration::ZERO;
 
 enum Handle {
     File { node: Arc<Node>, flags: i32 },
-    Dir { entries: Vec<DirEntry> },
+    /// `inode`: the directory as opened, for `fstat` after an `rmdir` deleted its record.
+    Dir { entries: Vec<DirEntry>, inode: Inode },
 }
 
 /// The file system as a FUSE server.
@@ -121,6 +122,18 @@ impl KuraFuse {
         }
     }
 
+    /// A directory removed while open stays, as on Linux, a directory with no links (its
+    /// record went at `rmdir`; the kernel asks for its attributes without the handle).
+    fn removed_open_dir(&self, ino: u64) -> Option<Inode> {
+        let handles = self.handles.lock();
+        let mut inode = handles.values().find_map(|h| match h {
+            Handle::Dir { inode, .. } if inode.ino == ino => Some(inode.clone()),
+            _ => None,
+        })?;
+        inode.nlink = 0;
+        Some(inode)
+    }
+
     fn entry(&self, inode: &Inode, reply: ReplyEntry) {
         reply.entry(&TTL, &self.attr(inode), Generation(0));
     }
@@ -142,6 +155,7 @@ impl Filesystem for KuraFuse {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
             Ok(inode) => reply.attr(&TTL, &self.attr(&inode)),
+            Err(FsError::NotFound) if let Some(inode) = self.removed_open_dir(ino.0) => reply.attr(&TTL, &self.attr(&inode)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -314,17 +328,17 @@ impl Filesystem for KuraFuse {
                 DirEntry { name: b"..".to_vec(), ino: dir.parent.max(1), dtype: libc::DT_DIR },
             ];
             entries.extend(self.fs.readdir(ino.0)?);
-            Ok(entries)
+            Ok((entries, dir))
         });
         match listing {
-            Ok(entries) => reply.opened(self.add_handle(Handle::Dir { entries }), FopenFlags::empty()),
+            Ok((entries, inode)) => reply.opened(self.add_handle(Handle::Dir { entries, inode }), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let handles = self.handles.lock();
-        let Some(Handle::Dir { entries }) = handles.get(&fh.0) else {
+        let Some(Handle::Dir { entries, .. }) = handles.get(&fh.0) else {
             return reply.error(Errno::EBADF);
         };
         for (i, e) in entries.iter().enumerate().skip(offset as usize) {

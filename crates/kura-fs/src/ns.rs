@@ -549,7 +549,8 @@ impl Fs {
             }
             match (src_is_dir, t.dtype == libc::DT_DIR) {
                 (true, false) => return Err(FsError::NotDir),
-                (false, true) => return Err(FsError::IsDir),
+                // Linux: a target that holds the source is ENOTEMPTY whatever the source is.
+                (false, true) => return Err(if self.is_within(sdir, t.ino)? { FsError::NotEmpty } else { FsError::IsDir }),
                 (true, true) if !self.readdir(t.ino)?.is_empty() => return Err(FsError::NotEmpty),
                 _ => {}
             }
@@ -618,13 +619,18 @@ impl Fs {
 
     /// Refuses to move directory `moving` under `new_parent` when that is inside `moving`.
     fn refuse_cycle(&self, moving: u64, new_parent: u64) -> Result<()> {
-        let mut at = new_parent;
+        if self.is_within(new_parent, moving)? { Err(FsError::Invalid) } else { Ok(()) }
+    }
+
+    /// Whether directory `dir` is `ancestor` or inside it.
+    fn is_within(&self, dir: u64, ancestor: u64) -> Result<bool> {
+        let mut at = dir;
         for _ in 0..DEPTH_MAX {
-            if at == moving {
-                return Err(FsError::Invalid);
+            if at == ancestor {
+                return Ok(true);
             }
             if at == ROOT_INO {
-                return Ok(());
+                return Ok(false);
             }
             at = self.load_inode(at)?.0.parent;
         }

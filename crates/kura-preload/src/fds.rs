@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kura_fs::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use kura_fs::{DirEntry, Node};
+use kura_fs::{DirEntry, Inode, Node};
 
 use crate::hooks::raw;
 
@@ -49,6 +49,8 @@ pub struct OpenFile {
     node: OnceLock<Arc<Node>>,
     /// Directories: the listing `getdents64` walks, taken at offset 0.
     pub listing: Mutex<Option<Vec<DirEntry>>>,
+    /// Directories: the inode as last read here, for `fstat` after an `rmdir` deleted its record.
+    pub dir_inode: Mutex<Option<Inode>>,
     /// A descriptor of this inode's lock file, for `flock` and `fcntl` locks.
     pub lock_fd: Mutex<Option<i32>>,
 }
@@ -160,7 +162,7 @@ fn move_below_table_max(fd: i32, cloexec: bool) -> Result<i32, i32> {
 
 impl OpenFile {
     fn from_shared(shared: *mut Shared, ino: u64, is_dir: bool, path: Vec<u8>) -> Self {
-        Self { shared, ino, is_dir, path, node: OnceLock::new(), listing: Mutex::new(None), lock_fd: Mutex::new(None) }
+        Self { shared, ino, is_dir, path, node: OnceLock::new(), listing: Mutex::new(None), dir_inode: Mutex::new(None), lock_fd: Mutex::new(None) }
     }
 
     /// A placeholder inherited across `exec`: maps it and reads its state back.

@@ -186,6 +186,23 @@ fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::N
     Ok(of.set_node(node))
 }
 
+/// The inode of an open descriptor. A directory removed while open stays, as on Linux, a
+/// directory with no links (its record went at `rmdir`): its inode as last read, nlink 0.
+fn open_inode(fs: &Fs, of: &OpenFile) -> Result<Inode, i32> {
+    match fs.getattr_open(of.ino) {
+        Ok(inode) if of.is_dir => {
+            *of.dir_inode.lock() = Some(inode.clone());
+            Ok(inode)
+        }
+        Err(FsError::Stale) if of.is_dir => {
+            let mut inode = of.dir_inode.lock().clone().ok_or(libc::ESTALE)?;
+            inode.nlink = 0;
+            Ok(inode)
+        }
+        other => other.map_err(fs_errno),
+    }
+}
+
 /// Resolves a kura target.
 pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<Resolved, i32> {
     fs.resolve(start, rel, Follow { last: follow_last }, &state.mount).map_err(fs_errno)
@@ -293,7 +310,7 @@ fn stat_target(state: &State, dirfd: c_int, path: *const c_char, flags: c_int) -
         if flags & libc::AT_EMPTY_PATH != 0
             && let Some(of) = state.fds.get(dirfd)
         {
-            return with_fs(state, |fs| Ok(Some(Ok((fs.getattr_open(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes())))));
+            return with_fs(state, |fs| Ok(Some(Ok((open_inode(fs, &of)?, fs.chunk_size_bytes())))));
         }
         return Ok(None);
     }
@@ -342,7 +359,7 @@ extern "C" fn h_fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
             && let Some(of) = state.fds.get(fd)
         {
             return ret_int(with_fs(state, |fs| {
-                fill_stat(buf, &fs.getattr_open(of.ino).map_err(fs_errno)?, fs.chunk_size_bytes());
+                fill_stat(buf, &open_inode(fs, &of)?, fs.chunk_size_bytes());
                 Ok(0)
             }));
         }
@@ -408,6 +425,10 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         return Err(libc::EOPNOTSUPP);
     }
     let creat = flags & libc::O_CREAT != 0;
+    // Linux (since 6.4) refuses the pair before it looks at the path.
+    if creat && flags & libc::O_DIRECTORY != 0 {
+        return Err(libc::EINVAL);
+    }
     let excl = flags & libc::O_EXCL != 0;
     let accmode = flags & libc::O_ACCMODE;
     let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
@@ -435,7 +456,8 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             }
             let inode = found.ok_or(libc::ENOENT)?;
             match inode.mode & libc::S_IFMT {
-                libc::S_IFLNK => return Err(libc::ELOOP),
+                // Linux checks O_DIRECTORY before it refuses the link (O_NOFOLLOW).
+                libc::S_IFLNK => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ELOOP }),
                 libc::S_IFDIR => {
                     if accmode != libc::O_RDONLY || creat || flags & libc::O_TRUNC != 0 {
                         return Err(libc::EISDIR);
@@ -445,7 +467,8 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                     if flags & libc::O_DIRECTORY != 0 {
                         return Err(libc::ENOTDIR);
                     }
-                    if flags & libc::O_TRUNC != 0 && accmode != libc::O_RDONLY && inode.size != 0 {
+                    // Linux truncates for O_RDONLY too (POSIX leaves it undefined).
+                    if flags & libc::O_TRUNC != 0 && inode.size != 0 {
                         fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
                     }
                 }
@@ -469,6 +492,8 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     };
     if let Some(node) = node {
         file.set_node(node);
+    } else {
+        *file.dir_inode.lock() = Some(inode);
     }
     state.fds.install(fd, Arc::new(file));
     Ok(fd)
@@ -617,11 +642,9 @@ fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Optio
 }
 
 fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Option<u64>) -> Result<c_long, i32> {
-    if of.is_dir {
-        return Err(libc::EISDIR);
-    }
     let flags = of.flags();
-    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+    // A directory is open read-only: EBADF, as Linux checks the access mode first.
+    if flags & libc::O_ACCMODE == libc::O_RDONLY || of.is_dir {
         return Err(libc::EBADF);
     }
     if count == 0 {
@@ -934,8 +957,9 @@ fn kura_set_size(state: &State, of: &OpenFile, size: i64) -> Result<c_int, i32> 
     if size < 0 {
         return Err(libc::EINVAL);
     }
+    // Linux: EINVAL for anything but a regular file open for writing, directories included.
     if of.is_dir || of.flags() & libc::O_ACCMODE == libc::O_RDONLY {
-        return Err(if of.is_dir { libc::EISDIR } else { libc::EINVAL });
+        return Err(libc::EINVAL);
     }
     with_fs(state, |fs| {
         node_of(fs, of)?;
@@ -1331,7 +1355,11 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
         };
         ret_int(with_fs(state, |fs| {
             let cred = cred();
-            let (sp, sname) = match resolve(state, fs, os, &orel, false)? {
+            // Linux walks to both parents before it looks at either name: a bad directory on
+            // the new path (ENOTDIR, ELOOP) wins over a missing source.
+            let (old_resolved, new_resolved) = (resolve(state, fs, os, &orel, false), resolve(state, fs, ns, &nrel, false));
+            let (old_resolved, new_resolved) = (old_resolved?, new_resolved?);
+            let (sp, sname) = match old_resolved {
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
                     let victim = victim_of(fs, parent, &name, entry)?.ok_or(libc::ENOENT)?;
                     cred.check_delete(&fs.getattr(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
@@ -1341,7 +1369,7 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
                 Resolved::Missing { .. } => return Err(libc::ENOENT),
                 Resolved::Outside(_) => return Err(libc::EXDEV),
             };
-            let (dp, dname) = match resolve(state, fs, ns, &nrel, false)? {
+            let (dp, dname) = match new_resolved {
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
                     // The target may be unlinked or replaced by another process meanwhile: the
                     // rename then creates the name, or replaces the new file (which fs.rename

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Random file-system operations for a differential test (tests/random_ops.rs).
+
+    random_ops.py ROOT FIRST_SEED SEEDS OPS
+
+For each seed in FIRST_SEED .. FIRST_SEED+SEEDS-1, makes ROOT/s<seed> and performs OPS random
+operations under it, printing one line per operation: "<seed> <index> <operation> = <result>",
+the result being a value or an errno name. Nothing in a line depends on the root, on inode
+numbers, descriptor numbers or the clock, so the same seed prints the same lines on any POSIX
+file system that behaves like Linux's; the test compares kura's lines with the kernel's.
+
+The namespace is small (three names, paths up to three deep) so that operations collide: opens
+of directories, renames onto what exists, unlinks of open files, symlinks that dangle or loop.
+"""
+
+import errno
+import hashlib
+import os
+import random
+import stat
+import sys
+
+NAMES = ["a", "b", "c"]
+# Path depths 1, 2 and 3, shallow ones more often (deep paths mostly miss).
+DEPTH_WEIGHTS = [5, 3, 2]
+# kura's default chunk (kura_fs::layout::CHUNK_SIZE_BYTES_DEFAULT): sizes and offsets cross it.
+CHUNK_BYTES = 4096
+IO_BYTES_MAX = 3 * CHUNK_BYTES + 17
+OFFSET_MAX = 6 * CHUNK_BYTES
+SLOTS_MAX = 6
+# Symlink targets stay inside the seed's directory: no "..", no absolute path. A link that
+# climbs out reaches different directories on the two sides (under the preload, past the
+# mount, the host's own), and chains of links can climb any number of levels.
+LINK_TARGETS = ["a", "b", "a/b", "c/a", "missing", "missing/a", "."]
+MODES = [0o644, 0o600, 0o755, 0o444, 0o000, 0o1777]
+# Explicit times for utime (ns): before 1970, sub-second, far future.
+TIMES_NS = [0, 1_000_000_000, 1_234_567_891_234_567_891, -5_000_000_000, 4_000_000_000_123_456_789]
+
+TYPE_NAMES = {stat.S_IFREG: "reg", stat.S_IFDIR: "dir", stat.S_IFLNK: "lnk"}
+
+
+def describe_stat(st):
+    kind = TYPE_NAMES.get(stat.S_IFMT(st.st_mode), "other")
+    out = f"{kind} {stat.S_IMODE(st.st_mode):o} nlink={st.st_nlink}"
+    # A directory's size is the file system's own business (ext4: blocks of entries).
+    if kind != "dir":
+        out += f" size={st.st_size}"
+    return out
+
+
+def digest(data):
+    return f"{len(data)}:{hashlib.sha1(data).hexdigest()[:12]}"
+
+
+class Run:
+    def __init__(self, root, seed):
+        self.root = root
+        self.rng = random.Random(seed)
+        self.slots = {}  # slot number -> descriptor
+
+    def path(self):
+        depth = self.rng.choices([1, 2, 3], DEPTH_WEIGHTS)[0]
+        return "/".join(self.rng.choice(NAMES) for _ in range(depth))
+
+    def full(self, rel):
+        return os.path.join(self.root, rel)
+
+    def data(self, size):
+        return self.rng.randbytes(size)
+
+    def size(self):
+        # Mostly small, sometimes a few chunks, sometimes empty.
+        return self.rng.choice([0, 1, 7, CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1, self.rng.randint(0, IO_BYTES_MAX)])
+
+    def offset(self):
+        return self.rng.choice([0, 1, CHUNK_BYTES - 3, CHUNK_BYTES, 2 * CHUNK_BYTES + 5, self.rng.randint(0, OFFSET_MAX)])
+
+    def slot(self):
+        """An open slot, or None."""
+        if not self.slots:
+            return None
+        return self.rng.choice(sorted(self.slots))
+
+    def free_slot(self):
+        free = [s for s in range(SLOTS_MAX) if s not in self.slots]
+        return free[0] if free else None
+
+    # Each operation returns (description, callable giving the result text), or None when it
+    # cannot be made now (no descriptor open, or no free slot): then another one is drawn.
+
+    def op_open(self):
+        rel = self.path()
+        flags = self.rng.choice([os.O_RDONLY, os.O_WRONLY, os.O_RDWR, os.O_RDWR])
+        names = [["RDONLY", "WRONLY", "RDWR"][flags]]
+        for flag, name in [(os.O_CREAT, "CREAT"), (os.O_EXCL, "EXCL"), (os.O_TRUNC, "TRUNC"), (os.O_APPEND, "APPEND"), (os.O_DIRECTORY, "DIRECTORY"), (os.O_NOFOLLOW, "NOFOLLOW")]:
+            if self.rng.random() < (0.5 if flag == os.O_CREAT else 0.2):
+                flags |= flag
+                names.append(name)
+        mode = self.rng.choice(MODES[:4])
+        slot = self.free_slot()
+        if slot is None:
+            return None
+
+        def run():
+            self.slots[slot] = os.open(self.full(rel), flags | os.O_CLOEXEC, mode)
+            return f"slot {slot}"
+
+        return f"open {rel} {'|'.join(names)} {mode:o}", run
+
+    def with_slot(self, name, body, detail=""):
+        slot = self.slot()
+        if slot is None:
+            return None
+        fd = self.slots[slot]
+        return f"{name} slot {slot}{detail}", lambda: body(slot, fd)
+
+    def op_close(self):
+        def body(slot, fd):
+            del self.slots[slot]
+            os.close(fd)
+            return "ok"
+
+        return self.with_slot("close", body)
+
+    def op_write(self):
+        data = self.data(self.size())
+        return self.with_slot("write", lambda _s, fd: str(os.write(fd, data)), f" {digest(data)}")
+
+    def op_pwrite(self):
+        data, offset = self.data(self.size()), self.offset()
+        return self.with_slot("pwrite", lambda _s, fd: str(os.pwrite(fd, data, offset)), f" {digest(data)} at {offset}")
+
+    def op_read(self):
+        size = self.size()
+        return self.with_slot("read", lambda _s, fd: digest(os.read(fd, size)), f" {size}")
+
+    def op_pread(self):
+        size, offset = self.size(), self.offset()
+        return self.with_slot("pread", lambda _s, fd: digest(os.pread(fd, size, offset)), f" {size} at {offset}")
+
+    def op_lseek(self):
+        whence = self.rng.choice([os.SEEK_SET, os.SEEK_CUR, os.SEEK_END, os.SEEK_DATA, os.SEEK_HOLE])
+        offset = self.rng.choice([self.offset(), -1, -CHUNK_BYTES, -self.rng.randint(0, OFFSET_MAX)])
+        if whence in (os.SEEK_DATA, os.SEEK_HOLE):
+            offset = abs(offset) if self.rng.random() < 0.8 else offset
+        name = {os.SEEK_SET: "SET", os.SEEK_CUR: "CUR", os.SEEK_END: "END", os.SEEK_DATA: "DATA", os.SEEK_HOLE: "HOLE"}[whence]
+
+        def body(_slot, fd):
+            # A directory's offsets are the file system's own cookies (ext4: name hashes).
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "not a regular file"
+            if whence not in (os.SEEK_DATA, os.SEEK_HOLE):
+                return str(os.lseek(fd, offset, whence))
+            return seek_data_hole(fd, offset, whence)
+
+        return self.with_slot("lseek", body, f" {offset} {name}")
+
+    def op_ftruncate(self):
+        length = self.offset()
+        return self.with_slot("ftruncate", lambda _s, fd: ok(os.ftruncate(fd, length)), f" {length}")
+
+    def op_truncate(self):
+        rel, length = self.path(), self.offset()
+        return f"truncate {rel} {length}", lambda: ok(os.truncate(self.full(rel), length))
+
+    def op_fsync(self):
+        return self.with_slot("fsync", lambda _s, fd: ok(os.fsync(fd)))
+
+    def op_dup(self):
+        new = self.free_slot()
+        if new is None:
+            return None
+
+        def body(_slot, fd):
+            self.slots[new] = os.dup(fd)
+            return f"slot {new}"
+
+        return self.with_slot("dup", body)
+
+    def op_dup2(self):
+        target = self.rng.randrange(SLOTS_MAX)
+
+        def body(slot, fd):
+            if target in self.slots:
+                if self.slots[target] == fd:
+                    return "same"
+                os.dup2(fd, self.slots[target])
+            else:
+                self.slots[target] = os.dup(fd)
+            return f"slot {target}"
+
+        return self.with_slot("dup2", body, f" to {target}")
+
+    def op_fstat(self):
+        return self.with_slot("fstat", lambda _s, fd: describe_stat(os.fstat(fd)))
+
+    def op_stat(self):
+        rel, follow = self.path(), self.rng.random() < 0.5
+        return f"{'stat' if follow else 'lstat'} {rel}", lambda: describe_stat(os.stat(self.full(rel), follow_symlinks=follow))
+
+    def op_unlink(self):
+        rel = self.path()
+        return f"unlink {rel}", lambda: ok(os.unlink(self.full(rel)))
+
+    def op_rmdir(self):
+        rel = self.path()
+        return f"rmdir {rel}", lambda: ok(os.rmdir(self.full(rel)))
+
+    def op_mkdir(self):
+        rel, mode = self.path(), self.rng.choice([0o755, 0o700, 0o777])
+        return f"mkdir {rel} {mode:o}", lambda: ok(os.mkdir(self.full(rel), mode))
+
+    def op_rename(self):
+        old = self.path()
+        new = old if self.rng.random() < 0.1 else self.path()
+        # Into its own subdirectory, now and then on purpose.
+        if self.rng.random() < 0.1:
+            new = f"{old}/{self.rng.choice(NAMES)}"
+        return f"rename {old} {new}", lambda: ok(os.rename(self.full(old), self.full(new)))
+
+    def op_symlink(self):
+        rel, target = self.path(), self.rng.choice(LINK_TARGETS)
+        return f"symlink {target} {rel}", lambda: ok(os.symlink(target, self.full(rel)))
+
+    def op_readlink(self):
+        rel = self.path()
+        return f"readlink {rel}", lambda: os.readlink(self.full(rel))
+
+    def op_chmod(self):
+        rel, mode = self.path(), self.rng.choice(MODES)
+        return f"chmod {rel} {mode:o}", lambda: ok(os.chmod(self.full(rel), mode))
+
+    def op_link(self):
+        old, new = self.path(), self.path()
+        return f"link {old} {new}", lambda: ok(os.link(self.full(old), self.full(new), follow_symlinks=False))
+
+    def op_listdir(self):
+        rel = self.path() if self.rng.random() < 0.7 else "."
+        return f"listdir {rel}", lambda: " ".join(sorted(os.listdir(self.full(rel))))
+
+    def op_scandir(self):
+        rel = self.path() if self.rng.random() < 0.7 else "."
+
+        def run():
+            with os.scandir(self.full(rel)) as entries:
+                listed = [f"{e.name}:{'d' if e.is_dir(follow_symlinks=False) else 'l' if e.is_symlink() else 'f' if e.is_file() else '?'}" for e in entries]
+            return " ".join(sorted(listed))
+
+        return f"scandir {rel}", run
+
+    def op_utime(self):
+        rel = self.path()
+        atime, mtime = self.rng.choice(TIMES_NS), self.rng.choice(TIMES_NS)
+
+        def run():
+            os.utime(self.full(rel), ns=(atime, mtime))
+            st = os.stat(self.full(rel))
+            return f"mtime={st.st_mtime_ns} atime={st.st_atime_ns}"
+
+        return f"utime {rel} {atime} {mtime}", run
+
+    OPS = [
+        (op_open, 8),
+        (op_close, 3),
+        (op_write, 6),
+        (op_pwrite, 6),
+        (op_read, 5),
+        (op_pread, 5),
+        (op_lseek, 3),
+        (op_ftruncate, 2),
+        (op_truncate, 2),
+        (op_fsync, 1),
+        (op_dup, 1),
+        (op_dup2, 1),
+        (op_fstat, 4),
+        (op_stat, 4),
+        (op_unlink, 3),
+        (op_rmdir, 2),
+        (op_mkdir, 4),
+        (op_rename, 4),
+        (op_symlink, 2),
+        (op_readlink, 1),
+        (op_chmod, 1),
+        (op_link, 2),
+        (op_listdir, 2),
+        (op_scandir, 1),
+        (op_utime, 1),
+    ]
+
+    def step(self):
+        ops, weights = zip(*Run.OPS)
+        op = self.rng.choices(ops, weights)[0]
+        made = op(self)
+        while made is None:
+            made = self.rng.choices(ops, weights)[0](self)
+        desc, run = made
+        try:
+            result = run()
+        except OSError as e:
+            result = errno.errorcode.get(e.errno, str(e.errno))
+        return f"{desc} = {result}"
+
+    def close_all(self):
+        for fd in self.slots.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # a dup2 may have left two slots on one descriptor
+        self.slots.clear()
+
+
+def ok(_none):
+    return "ok"
+
+
+def seek_data_hole(fd, offset, whence):
+    """SEEK_DATA/SEEK_HOLE, printed as whether the answer is one POSIX allows: a file system
+    may report every byte before EOF as data (kura does; ext4 finds the holes, and says ENXIO
+    when only a hole follows). The descriptor's
+    offset is put back, since it would differ."""
+    before = os.lseek(fd, 0, os.SEEK_CUR)
+    size = os.fstat(fd).st_size
+    try:
+        got = os.lseek(fd, offset, whence)
+    except OSError as e:
+        # No data after offset: a hole up to EOF, for a file system that tracks holes.
+        if e.errno == errno.ENXIO and whence == os.SEEK_DATA and 0 <= offset < size:
+            return "data ok"
+        raise
+    os.lseek(fd, before, os.SEEK_SET)
+    if whence == os.SEEK_DATA:
+        return "data ok" if offset <= got < size else f"bad data offset {got} (size {size})"
+    return "hole ok" if offset <= got <= size else f"bad hole offset {got} (size {size})"
+
+
+def main():
+    root, first, seeds, ops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    os.umask(0o022)
+    out = sys.stdout
+    for seed in range(first, first + seeds):
+        top = os.path.join(root, f"s{seed}")
+        os.mkdir(top)
+        run = Run(top, seed)
+        for index in range(ops):
+            out.write(f"{seed} {index} {run.step()}\n")
+        run.close_all()
+    out.flush()
+
+
+if __name__ == "__main__":
+    main()

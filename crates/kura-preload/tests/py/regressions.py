@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The divergences tests/random_ops.rs found, one small case each (regressions.py ROOT).
+
+Each case prints what it sees; tests/random_ops.rs runs this on a host directory, under the
+preload and through the FUSE mount, and compares the lines.
+"""
+
+import errno
+import os
+import sys
+
+
+def attempt(call):
+    try:
+        result = call()
+        return "ok" if result is None else str(result)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+
+
+def write_to_a_directory(root):
+    # Linux: a directory is open read-only, so EBADF (kura said EISDIR); ftruncate is EINVAL.
+    fd = os.open(f"{root}/dir", os.O_RDONLY | os.O_DIRECTORY)
+    out = [attempt(lambda: os.write(fd, b"x")), attempt(lambda: os.pwrite(fd, b"x", 3)), attempt(lambda: os.ftruncate(fd, 0))]
+    os.close(fd)
+    return out
+
+
+def create_and_directory_together(root):
+    # Linux (since 6.4): EINVAL before the path is looked at (kura said ENOTDIR).
+    flags = os.O_RDWR | os.O_CREAT | os.O_DIRECTORY
+    return [attempt(lambda: os.open(f"{root}/new", flags)), attempt(lambda: os.open(f"{root}/dir", os.O_RDONLY | os.O_CREAT | os.O_DIRECTORY))]
+
+
+def directory_nofollow_on_a_symlink(root):
+    # Linux checks O_DIRECTORY first: ENOTDIR (kura said ELOOP).
+    return [attempt(lambda: os.open(f"{root}/link", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))]
+
+
+def read_only_truncate(root):
+    # Linux truncates with O_RDONLY|O_TRUNC too (kura kept the data).
+    fd = os.open(f"{root}/file", os.O_RDONLY | os.O_TRUNC)
+    size = os.fstat(fd).st_size
+    os.close(fd)
+    return [size, os.stat(f"{root}/file").st_size]
+
+
+def rename_over_an_ancestor(root):
+    # The target holds the source: ENOTEMPTY, whatever the source is (kura said EISDIR).
+    return [attempt(lambda: os.rename(f"{root}/dir/inner", f"{root}/dir")), attempt(lambda: os.rename(f"{root}/dir/sub/deep", f"{root}/dir"))]
+
+
+def rename_checks_both_parents_first(root):
+    # A missing source loses to a bad directory on the new path (kura said ENOENT).
+    return [attempt(lambda: os.rename(f"{root}/missing", f"{root}/file/x")), attempt(lambda: os.rename(f"{root}/missing", f"{root}/loop/x"))]
+
+
+def stat_of_a_removed_open_directory(root):
+    # Still a directory, with no links (kura said ESTALE, FUSE ENOENT).
+    os.mkdir(f"{root}/gone", 0o750)
+    fd = os.open(f"{root}/gone", os.O_RDONLY)
+    os.rmdir(f"{root}/gone")
+    st = os.fstat(fd)
+    os.close(fd)
+    return [f"{st.st_mode:o} nlink={st.st_nlink}"]
+
+
+CASES = [
+    write_to_a_directory,
+    create_and_directory_together,
+    directory_nofollow_on_a_symlink,
+    read_only_truncate,
+    rename_over_an_ancestor,
+    rename_checks_both_parents_first,
+    stat_of_a_removed_open_directory,
+]
+
+
+def setup(root):
+    os.makedirs(f"{root}/dir/sub/deep")
+    with open(f"{root}/dir/inner", "w") as f:
+        f.write("inner")
+    with open(f"{root}/file", "w") as f:
+        f.write("some data")
+    os.symlink("dir", f"{root}/link")
+    os.symlink("loop", f"{root}/loop")
+
+
+def main():
+    os.umask(0o022)
+    for index, case in enumerate(CASES):
+        root = os.path.join(sys.argv[1], f"case{index}")
+        os.mkdir(root)
+        setup(root)
+        try:
+            results = case(root)
+        except OSError as e:
+            results = [f"failed: {errno.errorcode[e.errno]}"]
+        print(case.__name__, " ".join(str(r) for r in results))
+
+
+if __name__ == "__main__":
+    main()
