@@ -4,6 +4,7 @@
 use crate::Fs;
 use crate::error::{FsError, Result};
 use crate::layout::{DirEntry, ROOT_INO, is_dir};
+use crate::ns::{Cred, MAY_EXEC};
 
 /// Symbolic links one resolution follows, at most (Linux's limit).
 pub const SYMLINK_FOLLOWS_MAX: u32 = 40;
@@ -31,11 +32,15 @@ impl Resolved {
     }
 }
 
-/// What a path's tail demands.
+/// What a path's tail demands, and whose search permission the walk checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Follow {
+pub struct Follow<'a> {
     /// Follow a symlink in the last component.
     pub last: bool,
+    /// Check that this caller may search (execute) every directory the walk looks a name up
+    /// in (`EACCES`), as the kernel's path walk does. `None`: no check (root, or a caller such
+    /// as FUSE whose kernel already checked).
+    pub searcher: Option<&'a Cred>,
 }
 
 fn root_entry() -> DirEntry {
@@ -137,6 +142,9 @@ impl Fs {
                 return Err(FsError::NotDir);
             }
             dir = current.ino;
+            if let Some(cred) = follow.searcher {
+                cred.check_access(&self.getattr(dir)?, MAY_EXEC)?;
+            }
             if component == b".." {
                 if dir == ROOT_INO {
                     let mut rest: Vec<Vec<u8>> = todo.into_iter().rev().collect();

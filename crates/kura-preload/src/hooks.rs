@@ -156,6 +156,34 @@ pub(crate) fn cred() -> kura_fs::ns::Cred {
     }
 }
 
+/// The caller's credentials when it is not root: the permission checks root would pass are
+/// skipped, and with them the inode reads they need.
+pub(crate) fn cred_unless_root() -> Option<kura_fs::ns::Cred> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 { None } else { Some(cred()) }
+}
+
+/// May the caller add an entry to directory `parent` (write and search on it)? `EACCES`.
+fn check_create_in(fs: &Fs, parent: u64) -> Result<(), i32> {
+    let Some(cred) = cred_unless_root() else { return Ok(()) };
+    cred.check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)
+}
+
+/// May the caller open `inode` with open(2)'s `flags`? Read for `O_RDONLY`/`O_RDWR`, write for
+/// `O_WRONLY`/`O_RDWR` and for `O_TRUNC` (the kernel's `may_open`). `EACCES`.
+fn check_open(inode: &Inode, flags: c_int) -> Result<(), i32> {
+    let Some(cred) = cred_unless_root() else { return Ok(()) };
+    let accmode = flags & libc::O_ACCMODE;
+    let mut mask = 0;
+    if accmode != libc::O_WRONLY {
+        mask |= kura_fs::ns::MAY_READ;
+    }
+    if accmode != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+        mask |= kura_fs::ns::MAY_WRITE;
+    }
+    cred.check_access(inode, mask).map_err(fs_errno)
+}
+
 pub(crate) fn owner() -> Owner {
     // SAFETY: geteuid/getegid cannot fail.
     unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } }
@@ -205,7 +233,8 @@ fn open_inode(fs: &Fs, of: &OpenFile) -> Result<Inode, i32> {
 
 /// Resolves a kura target.
 pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<Resolved, i32> {
-    fs.resolve(start, rel, Follow { last: follow_last }, &state.mount).map_err(fs_errno)
+    let searcher = cred_unless_root();
+    fs.resolve(start, rel, Follow { last: follow_last, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
 }
 
 /// Resolves a kura target and reads the inode it names. Another process may replace or remove
@@ -447,6 +476,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             if rel.ends_with(b"/") {
                 return Err(libc::EISDIR);
             }
+            check_create_in(fs, parent)?;
             let perm = mode & 0o7777 & !umask_now();
             fs.create(parent, &name, libc::S_IFREG | perm, 0, b"", owner(), excl).map_err(fs_errno)?.0
         }
@@ -462,11 +492,13 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                     if accmode != libc::O_RDONLY || creat || flags & libc::O_TRUNC != 0 {
                         return Err(libc::EISDIR);
                     }
+                    check_open(&inode, flags)?;
                 }
                 libc::S_IFREG => {
                     if flags & libc::O_DIRECTORY != 0 {
                         return Err(libc::ENOTDIR);
                     }
+                    check_open(&inode, flags)?;
                     // Linux truncates for O_RDONLY too (POSIX leaves it undefined).
                     if flags & libc::O_TRUNC != 0 && inode.size != 0 {
                         fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
@@ -1228,7 +1260,7 @@ extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_in
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
             Resolved::Missing { parent, name } => {
-                cred().check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)?;
+                check_create_in(fs, parent)?;
                 fs.mkdir(parent, &name, mode & 0o7777 & !umask_now(), owner()).map_err(fs_errno)?;
                 Ok(0)
             }
@@ -1254,6 +1286,7 @@ extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: li
             Resolved::Found { .. } => Err(libc::EEXIST),
             Resolved::Missing { parent, name } => {
                 let kind = if mode & libc::S_IFMT == 0 { libc::S_IFREG } else { mode & libc::S_IFMT };
+                check_create_in(fs, parent)?;
                 let perm = mode & 0o7777 & !umask_now();
                 fs.create(parent, &name, kind | perm, dev as u32, b"", owner(), true).map_err(fs_errno)?;
                 Ok(0)
@@ -1428,7 +1461,7 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
                 };
                 match resolve(state, fs, ns, &nrel, false)? {
                     Resolved::Missing { parent, name } => {
-                        cred().check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)?;
+                        check_create_in(fs, parent)?;
                         fs.link(ino, parent, &name).map_err(fs_errno)?;
                         Ok(0)
                     }
@@ -1472,6 +1505,7 @@ extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_ch
             match resolve(state, fs, start, rel, false)? {
                 Resolved::Found { .. } => Err(libc::EEXIST),
                 Resolved::Missing { parent, name } => {
+                    check_create_in(fs, parent)?;
                     fs.symlink(parent, &name, t, owner()).map_err(fs_errno)?;
                     Ok(0)
                 }
@@ -1873,6 +1907,9 @@ extern "C" fn h_chdir(path: *const c_char) -> c_int {
                     if entry.dtype != libc::DT_DIR {
                         return Err(libc::ENOTDIR);
                     }
+                    if let Some(cred) = cred_unless_root() {
+                        cred.check_access(&fs.getattr(entry.ino).map_err(fs_errno)?, kura_fs::ns::MAY_EXEC).map_err(fs_errno)?;
+                    }
                     *state.cwd.write() = Some(abs.strip_suffix(b"/").filter(|a| !a.is_empty()).unwrap_or(&abs).to_vec());
                     Ok(0)
                 }
@@ -1894,6 +1931,11 @@ extern "C" fn h_fchdir(fd: c_int) -> c_int {
         {
             if !of.is_dir {
                 return ret_int(Err(libc::ENOTDIR));
+            }
+            if let Some(cred) = cred_unless_root()
+                && let Err(e) = with_fs(state, |fs| cred.check_access(&open_inode(fs, &of)?, kura_fs::ns::MAY_EXEC).map_err(fs_errno))
+            {
+                return ret_int(Err(e));
             }
             *state.cwd.write() = Some(of.path.clone());
             return 0;

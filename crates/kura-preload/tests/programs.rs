@@ -102,6 +102,49 @@ fn paths_outside_the_prefix_go_to_the_kernel() {
     assert!(!std::path::Path::new("/kura/k").exists(), "kura files must not appear in the kernel's namespace");
 }
 
+/// What another user may do with root's files and directories: the same script on a kernel
+/// directory and under the preload, as uid/gid 65534 (`setpriv`), must give the same answers.
+/// The preload checked no permission on open, on creating a file, link or node, or on the
+/// directories a path walks through, so any user read and wrote a 0600 file of root's.
+#[test]
+fn other_users_get_the_kernels_permission_answers() {
+    if !have("setpriv") {
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: other_users_get_the_kernels_permission_answers needs root (to become another user)");
+        return;
+    }
+    let setup = r#"set -e; cd "$R"
+        echo secret > s; chmod 600 s; echo public > p; chmod 644 p; echo shared > w; chmod 666 w
+        mkdir closed ro open noexec; echo x > closed/f; chmod 700 closed; chmod 755 ro; chmod 777 open
+        echo y > noexec/f; chmod 766 noexec"#;
+    let probe = r#"cd /; R="$1"; t() { if "$@" >/dev/null 2>&1; then echo "$* ok"; else echo "$* denied"; fi; }
+        t cat "$R/s"; t cat "$R/p"; t sh -c "echo hi >> $R/s"; t sh -c "echo hi >> $R/w"; t sh -c "echo > $R/p"
+        t cat "$R/closed/f"; t ls "$R/closed"; t stat "$R/closed/f"; t cd "$R/closed"
+        t ls "$R/noexec"; t cat "$R/noexec/f"; t touch "$R/ro/new"; t mkdir "$R/ro/d"; t ln -s x "$R/ro/l"
+        t mkfifo "$R/ro/fifo"; t ln "$R/w" "$R/ro/hard"; t touch "$R/open/mine"; t mkdir "$R/open/d"
+        t sh -c "echo a > $R/open/mine && cat $R/open/mine"; t /usr/bin/python3 -c "import os; os.open('$R/s', os.O_RDONLY | os.O_TRUNC)"
+        t truncate -s 0 "$R/p"; t rm -f "$R/p"; t mv "$R/open/mine" "$R/ro/mine"; t cat "$R/s""#;
+    let as_nobody = |root: &str| format!("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c '{}' probe {root}", probe.replace('\'', r"'\''"));
+    // The kernel's answers, in a directory every user can reach.
+    let host = tempfile::Builder::new().prefix("kura-perm-").tempdir_in("/tmp").expect("temp dir");
+    std::fs::set_permissions(host.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let root = host.path().display().to_string();
+    let run_host = |script: &str| {
+        let out = std::process::Command::new("sh").args(["-c", script]).env("R", &root).output().expect("sh");
+        check(&out, &["sh", "-c", script]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run_host(setup);
+    let kernel = run_host(&as_nobody(&root));
+    assert!(kernel.contains("cat /") && kernel.contains(" denied") && kernel.contains(" ok"), "the probe ran:\n{kernel}");
+    let env = Env::new();
+    let kura = env.sh(&format!("R=/kura/t; mkdir -m 755 $R; {setup}\n{}", as_nobody("/kura/t"))).replace("/kura/t", &root);
+    assert_eq!(kura, kernel, "as uid 65534: under the preload (left) and on the kernel's file system (right)");
+}
+
 #[test]
 fn c_program_through_stdio_and_the_posix_calls() {
     if !have("gcc") {
