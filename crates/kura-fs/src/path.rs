@@ -142,16 +142,17 @@ impl Fs {
                 return Err(FsError::NotDir);
             }
             dir = current.ino;
-            if let Some(cred) = follow.searcher {
-                cred.check_access(&self.getattr(dir)?, MAY_EXEC)?;
-            }
             if component == b".." {
                 if dir == ROOT_INO {
                     let mut rest: Vec<Vec<u8>> = todo.into_iter().rev().collect();
                     rest.retain(|c| !c.is_empty());
                     return Ok(Resolved::Outside(join_outside(mount_parent(mount), &rest)));
                 }
-                let up = self.load_inode(dir)?.0.parent;
+                let (inode, _) = self.load_inode(dir)?;
+                if let Some(cred) = follow.searcher {
+                    cred.check_access(&inode, MAY_EXEC)?;
+                }
+                let up = inode.parent;
                 current = self.entry_of_dir(up)?;
                 parent = current.ino;
                 name.clear();
@@ -161,7 +162,11 @@ impl Fs {
                 return Err(FsError::NameTooLong);
             }
             let is_last = todo.is_empty();
-            let Some(entry) = self.lookup(dir, &component)? else {
+            let found = match follow.searcher {
+                Some(cred) => self.lookup_searching(dir, &component, cred)?,
+                None => self.lookup(dir, &component)?,
+            };
+            let Some(entry) = found else {
                 if is_last {
                     return Ok(Resolved::Missing { parent: dir, name: component });
                 }
