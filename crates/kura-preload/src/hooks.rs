@@ -1149,6 +1149,53 @@ fn lock_fd(state: &State, of: &OpenFile) -> Result<c_int, i32> {
     Ok(fd as c_int)
 }
 
+/// A record lock on `of`, taken on its lock file. A range relative to the current offset or
+/// the end is made absolute first: the lock file's own offset and size are not the file's.
+fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -> Result<c_int, i32> {
+    if user.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller's struct flock, as fcntl(2) takes it.
+    let mut fl = unsafe { *user };
+    let base = match c_int::from(fl.l_whence) {
+        libc::SEEK_SET => 0,
+        libc::SEEK_CUR => of.offset() as i64,
+        libc::SEEK_END => with_fs(state, |fs| fs.size_of(node_of(fs, of)?).map_err(fs_errno))? as i64,
+        _ => return Err(libc::EINVAL),
+    };
+    fl.l_start = base.checked_add(fl.l_start).ok_or(libc::EOVERFLOW)?;
+    fl.l_whence = libc::SEEK_SET as i16;
+    let _busy = Busy::enter();
+    let lfd = lock_fd(state, of)?;
+    // SAFETY: `fl` is a struct flock that lives across the call.
+    let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, &mut fl as *mut libc::flock) };
+    if r < 0 {
+        return Err(errno());
+    }
+    if matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
+        // F_GETLK answers in the caller's struct: the conflicting lock, or only F_UNLCK in
+        // `l_type` (the rest left as the caller wrote it).
+        // SAFETY: as above.
+        unsafe {
+            if fl.l_type == libc::F_UNLCK as i16 {
+                (*user).l_type = fl.l_type;
+            } else {
+                *user = fl;
+            }
+        }
+    }
+    Ok(r as c_int)
+}
+
+/// Whether `fd` (kura's or the kernel's) was opened with `O_APPEND`.
+fn appends(state: &State, fd: c_int) -> bool {
+    let flags = match state.fds.get(fd) {
+        Some(of) => of.flags(),
+        None => raw::fcntl(fd, libc::F_GETFL, 0).unwrap_or(0),
+    };
+    flags & libc::O_APPEND != 0
+}
+
 extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
     guard(-1, || {
         if let Some(state) = active()
@@ -1193,14 +1240,7 @@ extern "C" fn h_fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
                 of.set_flags(flags);
                 0
             }
-            libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
-                let _busy = Busy::enter();
-                ret_int(lock_fd(state, &of).and_then(|lfd| {
-                    // SAFETY: `arg` is the caller's struct flock pointer, passed on.
-                    let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, arg) };
-                    if r < 0 { Err(errno()) } else { Ok(r as c_int) }
-                }))
-            }
+            libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => ret_int(kura_lock(state, &of, cmd, arg as *mut libc::flock)),
             libc::F_GETFD | libc::F_SETFD => raw_call(),
             libc::F_SETLEASE | libc::F_GETLEASE | libc::F_NOTIFY | libc::F_SETPIPE_SZ | libc::F_GETPIPE_SZ | libc::F_ADD_SEALS | libc::F_GET_SEALS => ret_int(Err(libc::EINVAL)),
             _ => raw_call(),
@@ -2098,6 +2138,10 @@ extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, o
             if flags != 0 {
                 return ret(Err(libc::EINVAL)) as isize;
             }
+            // Linux refuses to copy onto an O_APPEND file (EBADF here, EINVAL for sendfile).
+            if appends(state, out_fd) {
+                return ret(Err(libc::EBADF)) as isize;
+            }
             return ret(copy_between(in_fd, in_off, out_fd, out_off, len)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
@@ -2110,6 +2154,9 @@ extern "C" fn h_sendfile(out_fd: c_int, in_fd: c_int, offset: *mut i64, count: u
         if let Some(state) = active()
             && (state.fds.contains(in_fd) || state.fds.contains(out_fd))
         {
+            if appends(state, out_fd) {
+                return ret(Err(libc::EINVAL)) as isize;
+            }
             return ret(copy_between(in_fd, offset, out_fd, std::ptr::null_mut(), count)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
