@@ -7,7 +7,9 @@
 //! once, from the pool's receive buffer to where it belongs. A block the request covers only
 //! partly is a read-modify-write: get, patch, set, under a per-block lock shared by every
 //! queue of the volume in this process, so that writes to different sectors of one block
-//! never undo each other, whichever connection or queue they come from.
+//! never undo each other, whichever connection or queue they come from. Whole blocks written
+//! or deleted hold the lock too, while in flight, so that a read-modify-write never puts back
+//! what they replaced: each request changes each block atomically, one after another.
 //!
 //! `FLUSH` and `FUA` use the pool's durability barrier, which covers every write any context
 //! had acknowledged before it: that is what lets NBD advertise `CAN_MULTI_CONN`. Barriers are
@@ -170,6 +172,8 @@ struct Req<B> {
     data: Option<Vec<u8>>,
     /// The partial first and last blocks of a write or write-zeroes.
     rmw: [Option<Rmw>; 2],
+    /// Whole blocks it writes or deletes whose lock it holds (operations in flight).
+    locked: HashSet<u64>,
     error: Option<BlockError>,
     /// Waiting for its barrier.
     flushing: bool,
@@ -196,6 +200,10 @@ struct Flusher {
     in_flight: bool,
     current: Vec<u32>,
     waiting: Vec<u32>,
+    /// A barrier failed and only FUA writes waited for it: the next `FLUSH` fails with its
+    /// error too. The pool reports writes it may have lost (a node that restarted) to one
+    /// barrier only, and a client learns of them from its FLUSHes.
+    loss_unreported: Option<String>,
 }
 
 /// Everything but the pool context, so that completion callbacks (which run while the
@@ -280,6 +288,7 @@ impl<B: ReadBuf> BlockQueue<B> {
             buf,
             data: None,
             rmw: [None, None],
+            locked: HashSet::new(),
             error: None,
             flushing: false,
             finished: false,
@@ -401,9 +410,19 @@ impl<B: ReadBuf> BlockQueue<B> {
             req.next += 1;
             let key = block_key(volume_id, seg.lba);
             let tok = token(slot, KIND_SEGMENT, index);
+            let changes = req.cmd != Cmd::Read;
+            if changes && !seg.is_full() {
+                continue; // read-modify-write (or nothing, for a discard)
+            }
+            // A whole block written or deleted holds the block's lock while in flight, as a
+            // read-modify-write does: landing between the get and the set of another queue's
+            // read-modify-write of the block, it would be undone by that set.
+            if changes && !req.volume.locks.try_lock(seg.lba) {
+                req.next -= 1;
+                break;
+            }
             let submitted = match req.cmd {
                 Cmd::Read => ctx.submit_get(&key, tok),
-                _ if !seg.is_full() => continue, // read-modify-write (or nothing, for a discard)
                 Cmd::Write => {
                     let data = borrowed.or(req.data.as_deref()).expect("a write's data");
                     ctx.submit_set(&key, &data[seg.in_buf()], tok)
@@ -413,15 +432,24 @@ impl<B: ReadBuf> BlockQueue<B> {
                 Cmd::Flush => unreachable!("a flush has no segments"),
             };
             match submitted {
-                Ok(()) => req.outstanding += 1,
-                Err(kura_pool::Error::QueueFull { .. }) => {
-                    req.next -= 1;
-                    break;
+                Ok(()) => {
+                    req.outstanding += 1;
+                    if changes {
+                        req.locked.insert(seg.lba);
+                    }
+                    continue;
                 }
+                Err(kura_pool::Error::QueueFull { .. }) => req.next -= 1,
                 Err(e) => {
                     req.fail(BlockError::from_pool(e));
                     req.next = req.split.count();
                 }
+            }
+            if changes {
+                req.volume.locks.unlock(seg.lba);
+            }
+            if !req.all_submitted() {
+                break;
             }
         }
     }
@@ -622,6 +650,12 @@ impl<B: ReadBuf> State<B> {
                     Ok(_) => {}
                     Err(e) => req.fail(BlockError::from_pool(e)),
                 }
+                if req.cmd != Cmd::Read {
+                    let lba = req.split.segment(index).lba;
+                    let was_locked = req.locked.remove(&lba);
+                    debug_assert!(was_locked, "block {lba} written without its lock");
+                    req.volume.locks.unlock(lba);
+                }
                 req.outstanding -= 1;
                 self.maybe_finish(slot);
             }
@@ -675,10 +709,20 @@ impl<B: ReadBuf> State<B> {
 
     fn flush_done(&mut self, result: std::result::Result<(), kura_pool::Error>) {
         self.flusher.in_flight = false;
+        let batch = std::mem::take(&mut self.flusher.current);
         let message = result.err().map(|e| e.to_string());
-        for slot in std::mem::take(&mut self.flusher.current) {
-            if let Some(m) = &message {
-                self.req(slot).fail(BlockError::FlushFailed(m.clone()));
+        let flush_message = if batch.iter().any(|&slot| self.req(slot).cmd == Cmd::Flush) {
+            message.clone().or(self.flusher.loss_unreported.take())
+        } else {
+            if message.is_some() {
+                self.flusher.loss_unreported.clone_from(&message);
+            }
+            None
+        };
+        for slot in batch {
+            let req = self.req(slot);
+            if let Some(m) = if req.cmd == Cmd::Flush { &flush_message } else { &message } {
+                req.fail(BlockError::FlushFailed(m.clone()));
             }
             self.finish(slot);
         }
@@ -691,6 +735,9 @@ impl<B> Drop for BlockQueue<B> {
     /// queues of the volume do not wait for them forever.
     fn drop(&mut self) {
         for req in self.st.reqs.iter().flatten() {
+            for &lba in &req.locked {
+                req.volume.locks.unlock(lba);
+            }
             for rmw in req.rmw.iter().flatten() {
                 if matches!(rmw.stage, RmwStage::Reading | RmwStage::Patched | RmwStage::Writing) {
                     req.volume.locks.unlock(rmw.seg.lba);

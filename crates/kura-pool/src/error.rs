@@ -23,6 +23,11 @@ pub enum Error {
     /// The connection broke with this request in flight: it may or may not have been applied.
     #[error("connection to {node} lost with the request in flight: {reason}")]
     ConnectionLost { node: String, reason: String },
+    /// A flush that found a connection to `node` broken since this context's last flush: the
+    /// node may have restarted and lost writes it had acknowledged, which no flush can bring
+    /// back. Reported once per context (as `fsync` reports a lost write-back once).
+    #[error("writes acknowledged before this flush may be lost: a connection to {node} broke since the last flush")]
+    WritesMayBeLost { node: String },
     #[error("no answer from {node} within {timeout_ms} ms")]
     Timeout { node: String, timeout_ms: u64 },
     /// The node answered something that is not the protocol (the connection is closed).

@@ -9,6 +9,11 @@
 //! answered within the timeout closes its connection. Redis Cluster requests are kept whole
 //! and sent again after `MOVED`/`ASK`, `TRYAGAIN`/`CLUSTERDOWN` or a lost connection (a
 //! fail-over), with the slot map refreshed, until their deadline.
+//!
+//! A node that acknowledged writes and then lost its connection may have crashed and lost
+//! them (a kura server syncs them only now and then); a flush over a new connection would
+//! succeed and promise them durable. So every context counts connections broken in any
+//! context of the pool, and its first flush after one fails (`WritesMayBeLost`), once.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
@@ -86,6 +91,9 @@ enum Failure {
 
 /// Everything the reply handlers touch besides the connection itself.
 struct Sink {
+    shared: Arc<Shared>,
+    /// `Shared::connections_lost` as of this context's last flush (or its start).
+    lost_seen: u64,
     ready: VecDeque<(u64, Result<Outcome<'static>>)>,
     retries: VecDeque<Retry>,
     flushes: HashMap<u64, FlushState>,
@@ -112,7 +120,11 @@ impl Sink {
         }
         state.remaining -= 1;
         if state.remaining == 0 {
-            let state = self.flushes.remove(&id).expect("just seen");
+            let mut state = self.flushes.remove(&id).expect("just seen");
+            let (lost, node) = self.shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if std::mem::replace(&mut self.lost_seen, lost) != lost {
+                state.error.get_or_insert(Error::WritesMayBeLost { node });
+            }
             self.ready.push_back((state.token, state.error.map_or(Ok(Outcome::Done), Err)));
         }
     }
@@ -143,7 +155,10 @@ pub(crate) struct NetContext {
 impl NetContext {
     pub fn new(shared: Arc<Shared>) -> Result<Self> {
         let config = &shared.config;
+        let lost_seen = shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner()).0;
         let sink = Sink {
+            shared: Arc::clone(&shared),
+            lost_seen,
             ready: VecDeque::new(),
             retries: VecDeque::new(),
             flushes: HashMap::new(),
@@ -579,6 +594,8 @@ impl NetContext {
         if let Some(mut stream) = conn.stream.take() {
             let _ = self.poll.registry().deregister(&mut stream);
             self.sink.stats.disconnects += 1;
+            let mut lost = self.shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner());
+            *lost = (lost.0 + 1, conn.addr.clone());
         }
         if conn.reserved {
             conn.reserved = false;

@@ -50,6 +50,10 @@ pub(crate) struct Shared {
     /// Open connections per node address, for the per-node limits. Touched only when a
     /// connection opens or closes, never per request.
     pub connections: Mutex<HashMap<String, usize>>,
+    /// Established connections that broke, in any context, and the node of the last one: the
+    /// node may have restarted and lost writes it had acknowledged, so each context's next
+    /// flush fails (see [`crate::net`]).
+    pub connections_lost: Mutex<(u64, String)>,
 }
 
 impl Shared {
@@ -103,7 +107,7 @@ impl Pool {
     fn assemble(config: PoolConfig, engine: Option<Engine>) -> Self {
         let names: Vec<String> = config.nodes.iter().map(NodeSpec::name).collect();
         let ring = Ring::new(names.iter().map(String::as_str).zip(config.nodes.iter().map(|n| n.weight)));
-        Self { shared: Arc::new(Shared { config, ring, engine, connections: Mutex::new(HashMap::new()) }) }
+        Self { shared: Arc::new(Shared { config, ring, engine, connections: Mutex::new(HashMap::new()), connections_lost: Mutex::new((0, String::new())) }) }
     }
 
     pub fn config(&self) -> &PoolConfig {
