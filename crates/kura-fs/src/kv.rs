@@ -377,6 +377,8 @@ fn connect_stream(addr: &str) -> Result<TcpStream> {
     for sa in addr.to_socket_addrs().map_err(io)? {
         match TcpStream::connect_timeout(&sa, Duration::from_millis(META_CONNECT_TIMEOUT_MS)) {
             Ok(stream) => {
+                // High in the descriptor table, out of the host program's way (kura_pool::fd).
+                let stream = kura_pool::fd::keep_high(stream);
                 stream.set_nodelay(true).map_err(io)?;
                 stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
                 stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
@@ -399,7 +401,7 @@ struct MetaConn {
 impl MetaConn {
     fn connect(addr: &str) -> Result<Self> {
         let stream = connect_stream(addr)?;
-        let writer = stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
+        let writer = kura_pool::fd::keep_high(stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?);
         Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned() })
     }
 

@@ -264,7 +264,8 @@ pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Du
     let mut last = format!("{addr} resolves to no address");
     for a in addrs {
         match StdTcpStream::connect_timeout(&a, timeout) {
-            Ok(mut stream) => {
+            Ok(stream) => {
+                let mut stream = crate::fd::keep_high(stream);
                 let setup = (|| {
                     stream.set_nodelay(true)?;
                     stream.set_read_timeout(Some(timeout))?;

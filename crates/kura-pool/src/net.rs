@@ -1,4 +1,4 @@
-//! The network backends' context: an epoll loop (mio) over this context's own connections,
+//! The network backends' context: an edge-triggered epoll loop ([`crate::fd`], its descriptors kept high) over this context's own connections,
 //! one per node. Requests are encoded into the node's send buffer at submit and leave
 //! together at the next poll (one `write` for all of them); replies are parsed straight out of
 //! the receive buffer (one `read` for all that arrived) and handed to the caller borrowed.
@@ -20,8 +20,9 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
+use std::os::fd::AsRawFd;
+
+use crate::fd::{Epoll, EventWaker};
 
 use crate::cluster;
 use crate::config::{Backend, FlushMode, NodeSpec};
@@ -37,10 +38,10 @@ use crate::stats::IoStats;
 const EAGER_WRITE_BYTES: usize = 256 << 10;
 /// Events taken from one `epoll_wait`.
 const EVENTS_MAX: usize = 256;
-/// The mio token of the context's [`crate::Waker`] (connections use their index).
-const WAKE_TOKEN: Token = Token(usize::MAX);
+/// The epoll token of the context's [`crate::Waker`] (connections use their index).
+const WAKE_TOKEN: u64 = u64::MAX;
 /// The descriptor a caller asked [`NetContext::poll`] to watch.
-const WATCH_TOKEN: Token = Token(usize::MAX - 1);
+const WATCH_TOKEN: u64 = u64::MAX - 1;
 /// Pause before a Redis Cluster request is routed again after a failure.
 const CLUSTER_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// Slot-map refreshes of one cluster, at most one per this interval.
@@ -138,8 +139,8 @@ impl Sink {
 
 pub(crate) struct NetContext {
     shared: Arc<Shared>,
-    poll: Poll,
-    events: Events,
+    poll: Epoll,
+    events: Vec<libc::epoll_event>,
     conns: Vec<Conn>,
     by_addr: HashMap<String, usize>,
     members: Vec<Member>,
@@ -147,7 +148,7 @@ pub(crate) struct NetContext {
     next_flush_id: u64,
     woken: Vec<(usize, bool, bool)>,
     /// Made by the first [`NetContext::waker`] call.
-    waker: Option<Arc<mio::Waker>>,
+    waker: Option<Arc<EventWaker>>,
     /// The caller's descriptor registered for [`NetContext::poll`] to return on.
     watched: Option<RawFd>,
 }
@@ -170,8 +171,8 @@ impl NetContext {
             request_timeout_ms: config.request_timeout.as_millis() as u64,
         };
         let mut ctx = Self {
-            poll: Poll::new()?,
-            events: Events::with_capacity(EVENTS_MAX),
+            poll: Epoll::new()?,
+            events: Vec::with_capacity(EVENTS_MAX),
             conns: Vec::new(),
             by_addr: HashMap::new(),
             members: Vec::new(),
@@ -216,11 +217,11 @@ impl NetContext {
     }
 
     /// A handle that makes a [`NetContext::poll`] in progress (or the next one) return.
-    pub fn waker(&mut self) -> Result<Arc<mio::Waker>> {
+    pub fn waker(&mut self) -> Result<Arc<EventWaker>> {
         if let Some(waker) = &self.waker {
             return Ok(Arc::clone(waker));
         }
-        let waker = Arc::new(mio::Waker::new(self.poll.registry(), WAKE_TOKEN)?);
+        let waker = Arc::new(EventWaker::new(&self.poll, WAKE_TOKEN)?);
         self.waker = Some(Arc::clone(&waker));
         Ok(waker)
     }
@@ -236,9 +237,9 @@ impl NetContext {
     fn watch(&mut self, fd: RawFd) -> Result<()> {
         if let Some(old) = self.watched.take() {
             // It may be closed already (then epoll dropped it by itself).
-            let _ = self.poll.registry().deregister(&mut SourceFd(&old));
+            let _ = self.poll.deregister(old);
         }
-        self.poll.registry().register(&mut SourceFd(&fd), WATCH_TOKEN, Interest::READABLE)?;
+        self.poll.register(fd, WATCH_TOKEN, true, false)?;
         self.watched = Some(fd);
         Ok(())
     }
@@ -289,8 +290,8 @@ impl NetContext {
         match conn::connect(&conn.addr, conn.backend, spec.text_protocol, config.connect_timeout) {
             Ok((stream, wire)) => {
                 stream.set_nonblocking(true)?;
-                let mut stream = mio::net::TcpStream::from_std(stream);
-                self.poll.registry().register(&mut stream, Token(ci), Interest::READABLE | Interest::WRITABLE)?;
+                let stream = mio::net::TcpStream::from_std(stream);
+                self.poll.register(stream.as_raw_fd(), ci as u64, true, true)?;
                 conn.stream = Some(stream);
                 conn.wire = wire;
                 conn.down_until = None;
@@ -497,24 +498,23 @@ impl NetContext {
                 wake = wake.min(until);
             }
             self.sink.stats.polls += 1;
-            match self.poll.poll(&mut self.events, Some(wake.saturating_duration_since(now))) {
+            match self.poll.wait(&mut self.events, Some(wake.saturating_duration_since(now))) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.into()),
             }
             self.woken.clear();
             let mut woken_up = false;
-            for event in &self.events {
-                if event.token() == WAKE_TOKEN {
+            for event in self.events.iter().map(crate::fd::ready) {
+                if event.token == WAKE_TOKEN {
                     woken_up = true;
                     continue;
                 }
-                if event.token() == WATCH_TOKEN {
+                if event.token == WATCH_TOKEN {
                     woken_up |= watch.is_some();
                     continue;
                 }
-                let readable = event.is_readable() || event.is_read_closed() || event.is_error();
-                self.woken.push((event.token().0, readable, event.is_writable()));
+                self.woken.push((event.token as usize, event.readable, event.writable));
             }
             for i in 0..self.woken.len() {
                 let (ci, readable, writable) = self.woken[i];
@@ -591,8 +591,8 @@ impl NetContext {
     fn conn_failed(&mut self, ci: usize, failure: Failure) {
         let now = Instant::now();
         let conn = &mut self.conns[ci];
-        if let Some(mut stream) = conn.stream.take() {
-            let _ = self.poll.registry().deregister(&mut stream);
+        if let Some(stream) = conn.stream.take() {
+            let _ = self.poll.deregister(stream.as_raw_fd());
             self.sink.stats.disconnects += 1;
             let mut lost = self.shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner());
             *lost = (lost.0 + 1, conn.addr.clone());

@@ -155,8 +155,8 @@ pub struct Waker(WakerInner);
 
 #[derive(Clone, Debug)]
 enum WakerInner {
-    /// A networked context's mio poll.
-    Net(Arc<mio::Waker>),
+    /// The eventfd a networked context's epoll watches.
+    Net(Arc<crate::fd::EventWaker>),
     /// An eventfd the embedded context's io_uring waits watch.
     Embedded(Arc<EventFd>),
 }

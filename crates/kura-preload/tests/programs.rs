@@ -102,6 +102,24 @@ fn paths_outside_the_prefix_go_to_the_kernel() {
     assert!(!std::path::Path::new("/kura/k").exists(), "kura files must not appear in the kernel's namespace");
 }
 
+/// A shell's redirections onto low descriptors (`exec 3>>log`) leave the pool's own
+/// descriptors alone. The first kura call made the pool's connection at the lowest free
+/// number, 3, and `exec 3>>` dup2'd the log over it: the pool spoke to the log, then closed
+/// the shell's descriptor 3 on the error (`write-back before fork failed: … Socket operation
+/// on non-socket`, `3: Bad file descriptor`; only "a" was written). The pool's descriptors now
+/// live at 768 and up (kura_pool::fd).
+#[test]
+fn redirections_onto_low_descriptors_leave_the_pool_alone() {
+    let env = Env::new();
+    let out = env.sh(
+        "exec 3>>/kura/log; echo a >&3; /bin/sh -c 'echo b >&3'; echo c >&3
+         exec 4>/kura/log2; echo a >&4; /bin/sh -c 'echo b >&4'; echo c >&4
+         for fd in 5 6 7 8 9; do eval \"exec $fd</kura/log\"; done
+         cat /kura/log /kura/log2 <&5",
+    );
+    assert_eq!(out, "a\nb\nc\na\nb\nc\n");
+}
+
 /// What another user may do with root's files and directories: the same script on a kernel
 /// directory and under the preload, as uid/gid 65534 (`setpriv`), must give the same answers.
 /// The preload checked no permission on open, on creating a file, link or node, or on the

@@ -1,0 +1,184 @@
+//! The pool's own descriptors (connections, the context's epoll, its waker) live high in
+//! the descriptor table, where the program they serve does not reach.
+//!
+//! Under the file system's preload (`kura fs run`) the pool lives inside someone else's
+//! program, and that program owns the low descriptor numbers: a shell's `exec 3>>log`
+//! `dup2`s onto 3 whatever is open there, and a descriptor made by the kernel's "lowest free
+//! number" rule (the pool's first connection, made at the first kura call) is exactly what
+//! it overwrites. The pool then spoke to the program's file instead of its node, and on the
+//! error that followed closed the program's descriptor 3 as its own (found: `sh -c 'exec
+//! 3>>/kura/log; …'` under the preload: `write-back before fork failed: … Socket operation
+//! on non-socket`, then `3: Bad file descriptor`). So every descriptor the pool makes is
+//! moved at once to the lowest free number at or above [`high_base`], which programs leave
+//! alone (they `dup2` onto 0–9 or so, and take new numbers from the bottom).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// The pool's descriptors go at or above this number, or three quarters of the soft limit
+/// on open files if that is lower.
+pub const HIGH_FD_BASE_MAX: u32 = 1024;
+
+/// Where [`keep_high`] moves descriptors to: `min(HIGH_FD_BASE_MAX, 3/4 × RLIMIT_NOFILE)`.
+pub fn high_base() -> RawFd {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
+    (soft / 4 * 3).min(u64::from(HIGH_FD_BASE_MAX)) as RawFd
+}
+
+/// Moves a descriptor the pool owns (a socket, an epoll, an eventfd) to the lowest free
+/// number at or above [`high_base`], close-on-exec; where there is no room up there it
+/// stays where it is.
+pub fn keep_high<T: From<OwnedFd> + Into<OwnedFd>>(owner: T) -> T {
+    let fd: OwnedFd = owner.into();
+    let base = high_base();
+    if fd.as_raw_fd() >= base {
+        return T::from(fd);
+    }
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor we own returns a new one or -1.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
+    if high < 0 {
+        return T::from(fd);
+    }
+    // SAFETY: `high` was just made and nothing else owns it; the low one closes with `fd`.
+    T::from(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+fn cvt(result: libc::c_int) -> io::Result<libc::c_int> {
+    if result < 0 { Err(io::Error::last_os_error()) } else { Ok(result) }
+}
+
+/// An edge-triggered epoll instance (as mio's, which cannot be moved: it keeps its number).
+pub(crate) struct Epoll {
+    fd: OwnedFd,
+}
+
+/// What one ready descriptor reported.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ready {
+    pub token: u64,
+    /// Data, end of stream, hang-up or an error: a read will tell which.
+    pub readable: bool,
+    pub writable: bool,
+}
+
+impl Epoll {
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: epoll_create1 takes a flag and returns a new descriptor or -1.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: the descriptor was just made and nothing else owns it.
+        Ok(Self { fd: keep_high(unsafe { OwnedFd::from_raw_fd(fd) }) })
+    }
+
+    /// Watches `fd` (edge-triggered, with peer hang-ups) under `token`.
+    pub fn register(&self, fd: RawFd, token: u64, readable: bool, writable: bool) -> io::Result<()> {
+        let mut events = libc::EPOLLET | libc::EPOLLRDHUP;
+        if readable {
+            events |= libc::EPOLLIN;
+        }
+        if writable {
+            events |= libc::EPOLLOUT;
+        }
+        let mut event = libc::epoll_event { events: events as u32, u64: token };
+        // SAFETY: epoll_ctl reads the event we pass; the descriptors are integers.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) }).map(drop)
+    }
+
+    pub fn deregister(&self, fd: RawFd) -> io::Result<()> {
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: as in `register` (the event is ignored for a delete).
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut event) }).map(drop)
+    }
+
+    /// Waits up to `timeout` (rounded up to a millisecond) for events, into `events` (at
+    /// most its capacity). `Interrupted` when a signal came first.
+    pub fn wait(&self, events: &mut Vec<libc::epoll_event>, timeout: Option<Duration>) -> io::Result<()> {
+        let timeout_ms = timeout.map_or(-1, |t| t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int);
+        events.clear();
+        let capacity = events.capacity().clamp(1, i32::MAX as usize);
+        if events.capacity() == 0 {
+            events.reserve(1);
+        }
+        // SAFETY: the kernel writes at most `capacity` events into the vector's spare room.
+        let n = cvt(unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), capacity as libc::c_int, timeout_ms) })?;
+        // SAFETY: the kernel initialised the first `n` (≤ capacity) events.
+        unsafe { events.set_len(n as usize) };
+        Ok(())
+    }
+}
+
+/// What an event says, read out of the kernel's packed struct.
+pub(crate) fn ready(event: &libc::epoll_event) -> Ready {
+    let (flags, token) = (event.events as libc::c_int, event.u64);
+    let read_side = libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLHUP | libc::EPOLLRDHUP | libc::EPOLLERR;
+    Ready { token, readable: flags & read_side != 0, writable: flags & libc::EPOLLOUT != 0 }
+}
+
+/// Makes an [`Epoll::wait`] in progress, or the next one, return: an eventfd registered
+/// edge-triggered, so each write is one wake-up and nothing needs to read it (until its
+/// counter would overflow, as mio's waker does).
+#[derive(Debug)]
+pub struct EventWaker {
+    fd: OwnedFd,
+}
+
+impl EventWaker {
+    pub(crate) fn new(epoll: &Epoll, token: u64) -> io::Result<Self> {
+        // SAFETY: eventfd takes integers and returns a new descriptor or -1.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        // SAFETY: the descriptor was just made and nothing else owns it.
+        let fd = keep_high(unsafe { OwnedFd::from_raw_fd(fd) });
+        epoll.register(fd.as_raw_fd(), token, true, false)?;
+        Ok(Self { fd })
+    }
+
+    pub fn wake(&self) -> io::Result<()> {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes of ours to our eventfd.
+        if unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) } == 8 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::WouldBlock {
+            return Err(error);
+        }
+        // The counter is full: empty it and write again.
+        let mut count = [0u8; 8];
+        // SAFETY: reading 8 bytes from our eventfd into our buffer.
+        unsafe { libc::read(self.fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+        // SAFETY: as above.
+        if unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) } == 8 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_move_above_the_base_and_keep_working() {
+        let epoll = Epoll::new().unwrap();
+        assert!(epoll.fd.as_raw_fd() >= high_base(), "epoll at {}", epoll.fd.as_raw_fd());
+        let waker = EventWaker::new(&epoll, 7).unwrap();
+        assert!(waker.fd.as_raw_fd() >= high_base());
+        let mut events = Vec::with_capacity(4);
+        epoll.wait(&mut events, Some(Duration::ZERO)).unwrap();
+        assert!(events.is_empty(), "nothing woke it yet");
+        waker.wake().unwrap();
+        epoll.wait(&mut events, Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(events.len(), 1);
+        let got = ready(&events[0]);
+        assert_eq!((got.token, got.readable, got.writable), (7, true, false));
+        // Edge-triggered: a second wake is a second event, without reading the eventfd.
+        waker.wake().unwrap();
+        epoll.wait(&mut events, Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(events.len(), 1);
+        // The low number it was made at is free again.
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let b = keep_high(OwnedFd::from(b));
+        assert!(b.as_raw_fd() >= high_base());
+        assert!(a.as_raw_fd() < high_base());
+    }
+}
