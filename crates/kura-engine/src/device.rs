@@ -185,6 +185,7 @@ impl UringQueue {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => io_uring::IoUring::new(entries)?,
             Err(e) => return Err(e),
         };
+        let ring = crate::fd::keep_ring_high(ring)?;
         let eventfd = if notify {
             let eventfd = EventFd::new()?;
             ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
@@ -338,7 +339,7 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `raw` is a new descriptor that nothing else owns.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(raw) }))
+        Ok(Self(crate::fd::keep_high(unsafe { OwnedFd::from_raw_fd(raw) })))
     }
 
     /// Makes it readable (one `write`). A counter already at its maximum refuses the write,
@@ -464,7 +465,7 @@ impl FileDevice {
                 // O_NOATIME: reads need not update the file's access time (a check on every
                 // read otherwise); only the owner (or root) may ask, so others open without it.
                 opts.custom_flags(if direct { libc::O_DIRECT } else { 0 } | if noatime { libc::O_NOATIME } else { 0 });
-                opts.open(path)
+                opts.open(path).map(crate::fd::keep_high)
             };
             match with(true) {
                 Err(error) if error.raw_os_error() == Some(libc::EPERM) => with(false),

@@ -13,6 +13,7 @@ pub mod config;
 pub mod device;
 pub mod ef;
 pub mod engine;
+pub mod fd;
 pub mod error;
 pub mod format;
 pub mod hash;

@@ -16,35 +16,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-/// The pool's descriptors go at or above this number, or three quarters of the soft limit
-/// on open files if that is lower.
-pub const HIGH_FD_BASE_MAX: u32 = 1024;
-
-/// Where [`keep_high`] moves descriptors to: `min(HIGH_FD_BASE_MAX, 3/4 × RLIMIT_NOFILE)`.
-pub fn high_base() -> RawFd {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes only the struct it is given.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
-    (soft / 4 * 3).min(u64::from(HIGH_FD_BASE_MAX)) as RawFd
-}
-
-/// Moves a descriptor the pool owns (a socket, an epoll, an eventfd) to the lowest free
-/// number at or above [`high_base`], close-on-exec; where there is no room up there it
-/// stays where it is.
-pub fn keep_high<T: From<OwnedFd> + Into<OwnedFd>>(owner: T) -> T {
-    let fd: OwnedFd = owner.into();
-    let base = high_base();
-    if fd.as_raw_fd() >= base {
-        return T::from(fd);
-    }
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor we own returns a new one or -1.
-    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
-    if high < 0 {
-        return T::from(fd);
-    }
-    // SAFETY: `high` was just made and nothing else owns it; the low one closes with `fd`.
-    T::from(unsafe { OwnedFd::from_raw_fd(high) })
-}
+pub use kura_engine::fd::{HIGH_FD_BASE_MAX, high_base, keep_high};
 
 fn cvt(result: libc::c_int) -> io::Result<libc::c_int> {
     if result < 0 { Err(io::Error::last_os_error()) } else { Ok(result) }

@@ -120,6 +120,33 @@ fn redirections_onto_low_descriptors_leave_the_pool_alone() {
     assert_eq!(out, "a\nb\nc\na\nb\nc\n");
 }
 
+/// The same with the engine embedded in the program: a program that dup2s its kura file onto
+/// every low descriptor after its first kura call leaves the engine's store file and io_uring
+/// ring alone (they live at 768 and up, kura_engine::fd), and reads back what it wrote.
+#[test]
+fn dup2_onto_low_descriptors_leaves_an_embedded_engine_alone() {
+    let env = Env::new();
+    let script = "import os
+fd = os.open('/kura/f', os.O_CREAT | os.O_RDWR)
+os.write(fd, b'first ')
+os.fsync(fd)
+for n in range(3, 40):
+    if n != fd:
+        os.dup2(fd, n)
+os.write(fd, b'second')
+os.fsync(fd)
+g = os.open('/kura/g', os.O_CREAT | os.O_RDWR)
+os.write(g, b'third')
+os.fsync(g)
+print(os.pread(fd, 100, 0).decode(), os.pread(g, 100, 0).decode())";
+    let out = env.command(&["--pool", "embedded", "--store-size", "256M"], &["python3", "-c", script]).output().unwrap();
+    check(&out, &["python3", "-c", script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first second third\n");
+    let again = env.command(&["--pool", "embedded", "--store-size", "256M"], &["cat", "/kura/f", "/kura/g"]).output().unwrap();
+    check(&again, &["cat"]);
+    assert_eq!(String::from_utf8_lossy(&again.stdout), "first secondthird");
+}
+
 /// What another user may do with root's files and directories: the same script on a kernel
 /// directory and under the preload, as uid/gid 65534 (`setpriv`), must give the same answers.
 /// The preload checked no permission on open, on creating a file, link or node, or on the
