@@ -9,7 +9,7 @@
 //! its connections, epolls and eventfds the same way.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 /// kura's descriptors go at or above this number, or three quarters of the soft limit
 /// on open files if that is lower.
@@ -23,40 +23,36 @@ pub fn high_base() -> RawFd {
     (soft / 4 * 3).min(u64::from(HIGH_FD_BASE_MAX)) as RawFd
 }
 
+/// A close-on-exec duplicate of `fd` at the lowest free number at or above [`high_base`];
+/// `None` when `fd` is there already or there is no room up there.
+fn duplicate_high(fd: RawFd) -> Option<OwnedFd> {
+    let base = high_base();
+    if fd >= base {
+        return None;
+    }
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor of ours returns a new one or -1.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, base) };
+    // SAFETY: `high` was just made and nothing else owns it.
+    (high >= 0).then(|| unsafe { OwnedFd::from_raw_fd(high) })
+}
+
 /// Moves a descriptor kura owns (a file, a socket, an epoll, an eventfd) to the lowest free
 /// number at or above [`high_base`], close-on-exec; where there is no room up there it
 /// stays where it is.
 pub fn keep_high<T: From<OwnedFd> + Into<OwnedFd>>(owner: T) -> T {
     let fd: OwnedFd = owner.into();
-    let base = high_base();
-    if fd.as_raw_fd() >= base {
-        return T::from(fd);
-    }
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor we own returns a new one or -1.
-    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
-    if high < 0 {
-        return T::from(fd);
-    }
-    // SAFETY: `high` was just made and nothing else owns it; the low one closes with `fd`.
-    T::from(unsafe { OwnedFd::from_raw_fd(high) })
+    // The low descriptor closes with `fd` when a high one replaces it.
+    T::from(duplicate_high(fd.as_raw_fd()).unwrap_or(fd))
 }
 
 /// Moves an io_uring ring to a high descriptor: the same ring, mapped again through the new
 /// number ([`io_uring::IoUring::from_fd`]), and the low one closed.
 pub fn keep_ring_high(ring: io_uring::IoUring) -> io::Result<io_uring::IoUring> {
-    let base = high_base();
-    if ring.as_raw_fd() >= base {
-        return Ok(ring);
-    }
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the ring's descriptor returns a new one or -1.
-    let high = unsafe { libc::fcntl(ring.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
-    if high < 0 {
-        return Ok(ring);
-    }
+    let Some(high) = duplicate_high(ring.as_raw_fd()) else { return Ok(ring) };
     let params = ring.params().clone();
-    // SAFETY: `high` refers to this ring, is owned by nothing else (from_fd takes it), and
+    // SAFETY: `high` refers to this ring and is handed over (from_fd owns it from here), and
     // `params` are what the kernel filled in when it made the ring.
-    let moved = unsafe { io_uring::IoUring::from_fd(high, params) }?;
+    let moved = unsafe { io_uring::IoUring::from_fd(high.into_raw_fd(), params) }?;
     drop(ring);
     Ok(moved)
 }

@@ -69,10 +69,8 @@ impl Epoll {
     pub fn wait(&self, events: &mut Vec<libc::epoll_event>, timeout: Option<Duration>) -> io::Result<()> {
         let timeout_ms = timeout.map_or(-1, |t| t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int);
         events.clear();
-        let capacity = events.capacity().clamp(1, i32::MAX as usize);
-        if events.capacity() == 0 {
-            events.reserve(1);
-        }
+        events.reserve(1);
+        let capacity = events.capacity().min(i32::MAX as usize);
         // SAFETY: the kernel writes at most `capacity` events into the vector's spare room.
         let n = cvt(unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), capacity as libc::c_int, timeout_ms) })?;
         // SAFETY: the kernel initialised the first `n` (≤ capacity) events.
@@ -88,43 +86,6 @@ pub(crate) fn ready(event: &libc::epoll_event) -> Ready {
     Ready { token, readable: flags & read_side != 0, writable: flags & libc::EPOLLOUT != 0 }
 }
 
-/// Makes an [`Epoll::wait`] in progress, or the next one, return: an eventfd registered
-/// edge-triggered, so each write is one wake-up and nothing needs to read it (until its
-/// counter would overflow, as mio's waker does).
-#[derive(Debug)]
-pub struct EventWaker {
-    fd: OwnedFd,
-}
-
-impl EventWaker {
-    pub(crate) fn new(epoll: &Epoll, token: u64) -> io::Result<Self> {
-        // SAFETY: eventfd takes integers and returns a new descriptor or -1.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-        // SAFETY: the descriptor was just made and nothing else owns it.
-        let fd = keep_high(unsafe { OwnedFd::from_raw_fd(fd) });
-        epoll.register(fd.as_raw_fd(), token, true, false)?;
-        Ok(Self { fd })
-    }
-
-    pub fn wake(&self) -> io::Result<()> {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writing 8 bytes of ours to our eventfd.
-        if unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) } == 8 {
-            return Ok(());
-        }
-        let error = io::Error::last_os_error();
-        if error.kind() != io::ErrorKind::WouldBlock {
-            return Err(error);
-        }
-        // The counter is full: empty it and write again.
-        let mut count = [0u8; 8];
-        // SAFETY: reading 8 bytes from our eventfd into our buffer.
-        unsafe { libc::read(self.fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
-        // SAFETY: as above.
-        if unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) } == 8 { Ok(()) } else { Err(io::Error::last_os_error()) }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,18 +94,19 @@ mod tests {
     fn descriptors_move_above_the_base_and_keep_working() {
         let epoll = Epoll::new().unwrap();
         assert!(epoll.fd.as_raw_fd() >= high_base(), "epoll at {}", epoll.fd.as_raw_fd());
-        let waker = EventWaker::new(&epoll, 7).unwrap();
-        assert!(waker.fd.as_raw_fd() >= high_base());
+        let waker = kura_engine::device::EventFd::new().unwrap();
+        assert!(waker.as_raw_fd() >= high_base());
+        epoll.register(waker.as_raw_fd(), 7, true, false).unwrap();
         let mut events = Vec::with_capacity(4);
         epoll.wait(&mut events, Some(Duration::ZERO)).unwrap();
         assert!(events.is_empty(), "nothing woke it yet");
-        waker.wake().unwrap();
+        waker.signal().unwrap();
         epoll.wait(&mut events, Some(Duration::from_secs(5))).unwrap();
         assert_eq!(events.len(), 1);
         let got = ready(&events[0]);
         assert_eq!((got.token, got.readable, got.writable), (7, true, false));
         // Edge-triggered: a second wake is a second event, without reading the eventfd.
-        waker.wake().unwrap();
+        waker.signal().unwrap();
         epoll.wait(&mut events, Some(Duration::from_secs(5))).unwrap();
         assert_eq!(events.len(), 1);
         // The low number it was made at is free again.

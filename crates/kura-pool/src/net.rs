@@ -1,5 +1,5 @@
-//! The network backends' context: an edge-triggered epoll loop ([`crate::fd`], its descriptors kept high) over this context's own connections,
-//! one per node. Requests are encoded into the node's send buffer at submit and leave
+//! The network backends' context: an edge-triggered epoll loop ([`crate::fd`]: its
+//! descriptors kept high) over this context's own connections, one per node. Requests are encoded into the node's send buffer at submit and leave
 //! together at the next poll (one `write` for all of them); replies are parsed straight out of
 //! the receive buffer (one `read` for all that arrived) and handed to the caller borrowed.
 //! Replies come back in request order on each connection, so a FIFO matches them.
@@ -16,13 +16,13 @@
 //! context of the pool, and its first flush after one fails (`WritesMayBeLost`), once.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::os::fd::AsRawFd;
+use kura_engine::device::EventFd;
 
-use crate::fd::{Epoll, EventWaker};
+use crate::fd::Epoll;
 
 use crate::cluster;
 use crate::config::{Backend, FlushMode, NodeSpec};
@@ -148,7 +148,7 @@ pub(crate) struct NetContext {
     next_flush_id: u64,
     woken: Vec<(usize, bool, bool)>,
     /// Made by the first [`NetContext::waker`] call.
-    waker: Option<Arc<EventWaker>>,
+    waker: Option<Arc<EventFd>>,
     /// The caller's descriptor registered for [`NetContext::poll`] to return on.
     watched: Option<RawFd>,
 }
@@ -217,11 +217,13 @@ impl NetContext {
     }
 
     /// A handle that makes a [`NetContext::poll`] in progress (or the next one) return.
-    pub fn waker(&mut self) -> Result<Arc<EventWaker>> {
+    pub fn waker(&mut self) -> Result<Arc<EventFd>> {
         if let Some(waker) = &self.waker {
             return Ok(Arc::clone(waker));
         }
-        let waker = Arc::new(EventWaker::new(&self.poll, WAKE_TOKEN)?);
+        // Edge-triggered: each signal is one wake-up, and nothing needs to read the counter.
+        let waker = Arc::new(EventFd::new()?);
+        self.poll.register(waker.as_raw_fd(), WAKE_TOKEN, true, false)?;
         self.waker = Some(Arc::clone(&waker));
         Ok(waker)
     }

@@ -149,27 +149,16 @@ fn open_engine(node: &NodeSpec, config: &PoolConfig) -> Result<Engine> {
     Ok(Engine::open(path, &engine_config)?)
 }
 
-/// Wakes a [`Context`] waiting in [`Context::poll`] (see [`Context::waker`]).
+/// Wakes a [`Context`] waiting in [`Context::poll`] (see [`Context::waker`]): an eventfd
+/// that a networked context's epoll, or an embedded context's io_uring waits, watch.
 #[derive(Clone, Debug)]
-pub struct Waker(WakerInner);
-
-#[derive(Clone, Debug)]
-enum WakerInner {
-    /// The eventfd a networked context's epoll watches.
-    Net(Arc<crate::fd::EventWaker>),
-    /// An eventfd the embedded context's io_uring waits watch.
-    Embedded(Arc<EventFd>),
-}
+pub struct Waker(Arc<EventFd>);
 
 impl Waker {
     /// Makes the context's current or next `poll` return; cheap enough to call per request
     /// handed over (one `eventfd` write).
     pub fn wake(&self) {
-        let result = match &self.0 {
-            WakerInner::Net(waker) => waker.wake(),
-            WakerInner::Embedded(fd) => fd.signal(),
-        };
-        if let Err(e) = result {
+        if let Err(e) = self.0.signal() {
             tracing::error!(error = %e, "pool: cannot wake a context");
         }
     }
@@ -254,8 +243,8 @@ impl Context {
     /// whose reads are done synchronously (nothing to wake).
     pub fn waker(&mut self) -> Result<Option<Waker>> {
         match &mut self.inner {
-            Inner::Embedded(c) => Ok(c.waker()?.map(|fd| Waker(WakerInner::Embedded(fd)))),
-            Inner::Net(c) => Ok(Some(Waker(WakerInner::Net(c.waker()?)))),
+            Inner::Embedded(c) => Ok(c.waker()?.map(Waker)),
+            Inner::Net(c) => Ok(Some(Waker(c.waker()?))),
         }
     }
 
