@@ -9,6 +9,18 @@ use kura_fs::{DirEntry, Inode, Node};
 
 use crate::hooks::raw;
 
+/// Lock files live here (one per inode), for `flock` and `fcntl` locks between processes.
+const LOCK_DIR_DEFAULT: &str = "/tmp/kura-fs-locks";
+
+/// The directory of lock files and inode `ino`'s lock file (both NUL-terminated):
+/// `$KURA_FS_LOCK_DIR` (default [`LOCK_DIR_DEFAULT`]), `<$KURA_FS_NAME or default>-<ino:x>`.
+pub fn lock_file_path(ino: u64) -> (Vec<u8>, Vec<u8>) {
+    let dir = std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned());
+    let fs_name = std::env::var("KURA_FS_NAME").unwrap_or_else(|_| "default".into());
+    let file = format!("{dir}/{fs_name}-{ino:x}\0").into_bytes();
+    (format!("{dir}\0").into_bytes(), file)
+}
+
 /// Name of a placeholder memfd (what `/proc/self/fd/N` shows, after `/memfd:`).
 pub const PLACEHOLDER_NAME: &[u8] = b"kura-fd\0";
 const PLACEHOLDER_LINK_PREFIX: &[u8] = b"/memfd:kura-fd";
@@ -32,7 +44,9 @@ struct Shared {
     is_dir: u32,
     offset: AtomicU64,
     path_len: u32,
-    _pad: u32,
+    /// The lock file's descriptor number + 1 (0: none yet), as the process that opened it
+    /// numbered it; a new image after `exec` finds it there (see [`lock_file_path`]).
+    lock_fd_plus_one: AtomicU32,
     path: [u8; SHARED_PATH_BYTES_MAX],
 }
 
@@ -77,6 +91,12 @@ impl OpenFile {
 
     pub fn offset(&self) -> u64 {
         self.shared().offset.load(Ordering::Relaxed)
+    }
+
+    /// Records the lock file's number for a later `exec`, unless another process of this
+    /// description recorded its own first (a description received over a socket).
+    pub fn record_lock_fd(&self, fd: i32) {
+        let _ = self.shared().lock_fd_plus_one.compare_exchange(0, fd as u32 + 1, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     pub fn set_offset(&self, offset: u64) {
@@ -177,7 +197,20 @@ impl OpenFile {
             return None;
         }
         let path = s.path[..s.path_len as usize].to_vec();
-        Some(Self::from_shared(shared, s.ino, s.is_dir != 0, path))
+        let file = Self::from_shared(shared, s.ino, s.is_dir != 0, path);
+        *file.lock_fd.lock() = file.inherited_lock_fd();
+        Some(file)
+    }
+
+    /// The lock file the image before `exec` left open for this description: the recorded
+    /// number, if it is still open on this inode's lock file. It goes back to close-on-exec
+    /// (see `lock_files_across_exec` in the hooks).
+    fn inherited_lock_fd(&self) -> Option<i32> {
+        let fd = (self.shared().lock_fd_plus_one.load(Ordering::Relaxed) as i32).checked_sub(1).filter(|fd| *fd >= 0)?;
+        let (_, path) = lock_file_path(self.ino);
+        (raw::fstat_id(fd).ok()? == raw::stat_id(&path).ok()?).then_some(())?;
+        raw::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC.into()).ok()?;
+        Some(fd)
     }
 }
 
@@ -191,11 +224,13 @@ pub struct FdTable {
     entries: RwLock<Vec<Option<Arc<OpenFile>>>>,
     /// Kura descriptors open: while 0, hooks skip the table entirely.
     count: AtomicUsize,
+    /// Inodes this process took POSIX record locks on (a few: a process locks few files).
+    posix_locked: Mutex<Vec<u64>>,
 }
 
 impl FdTable {
     pub fn new() -> Self {
-        Self { entries: RwLock::new(Vec::new()), count: AtomicUsize::new(0) }
+        Self { entries: RwLock::new(Vec::new()), count: AtomicUsize::new(0), posix_locked: Mutex::new(Vec::new()) }
     }
 
     /// The open file behind `fd`, if it is a kura descriptor.
@@ -242,6 +277,22 @@ impl FdTable {
         old
     }
 
+    /// Notes that this process took a POSIX record lock on `ino`.
+    pub fn note_posix_lock(&self, ino: u64) {
+        let mut locked = self.posix_locked.lock();
+        if !locked.contains(&ino) {
+            locked.push(ino);
+        }
+    }
+
+    /// Whether this process may hold POSIX record locks on `ino`, forgetting it.
+    pub fn take_posix_locked(&self, ino: u64) -> bool {
+        let mut locked = self.posix_locked.lock();
+        let before = locked.len();
+        locked.retain(|&i| i != ino);
+        locked.len() != before
+    }
+
     /// Every kura descriptor (for write-back before exec and at exit).
     pub fn all(&self) -> Vec<(i32, Arc<OpenFile>)> {
         let entries = self.entries.read();
@@ -260,6 +311,8 @@ impl FdTable {
         };
         let fds: Vec<i32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).take(INHERITED_SCAN_MAX).collect();
         let mut link = [0u8; 256];
+        // Descriptors of one description (one memfd) share one open file, as before `exec`.
+        let mut adopted: Vec<(u64, Arc<OpenFile>)> = Vec::new();
         for fd in fds {
             let proc_path = format!("/proc/self/fd/{fd}\0");
             let Ok(n) = raw::readlink(proc_path.as_bytes(), &mut link) else {
@@ -268,8 +321,13 @@ impl FdTable {
             if !link[..n].starts_with(PLACEHOLDER_LINK_PREFIX) || fd as usize >= FD_TABLE_MAX {
                 continue;
             }
-            if let Some(file) = OpenFile::adopt(fd) {
-                self.install(fd, Arc::new(file));
+            let Ok((_, memfd_ino)) = raw::fstat_id(fd) else { continue };
+            if let Some((_, file)) = adopted.iter().find(|(ino, _)| *ino == memfd_ino) {
+                self.install(fd, file.clone());
+            } else if let Some(file) = OpenFile::adopt(fd) {
+                let file = Arc::new(file);
+                adopted.push((memfd_ino, file.clone()));
+                self.install(fd, file);
             }
         }
     }

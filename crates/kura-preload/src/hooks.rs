@@ -3,12 +3,13 @@
 //! Every handler catches panics (a bug here must not unwind into C) and reports them as EIO.
 
 use std::ffi::{c_char, c_int, c_long, c_uint, c_void};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use kura_fs::path::{Follow, Resolved};
 use kura_fs::{Fs, FsError, Inode, Owner, RenameFlags, SetAttr, WriteMode};
 
-use crate::fds::{OpenFile, create_placeholder};
+use crate::fds::{self, OpenFile, create_placeholder};
 use crate::paths::{Target, bytes, c_path, classify};
 use crate::state::{self, Busy, State};
 
@@ -19,8 +20,6 @@ const KURA_DEV_MAJOR: u32 = 0;
 const KURA_DEV_MINOR: u32 = 0x6b75;
 /// Bytes copied per step when emulating `copy_file_range`/`sendfile`.
 const COPY_STEP_BYTES: usize = 128 << 10;
-/// Lock files live here (one per inode), for `flock` and `fcntl` locks between processes.
-const LOCK_DIR_DEFAULT: &str = "/tmp/kura-fs-locks";
 /// `getcwd(NULL, 0)` allocates this much at most.
 const CWD_BYTES_MAX: usize = 4096;
 
@@ -64,6 +63,25 @@ pub mod raw {
     pub unsafe fn munmap(addr: *mut c_void, len: usize) {
         // SAFETY: the caller's promise.
         unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
+    }
+
+    /// The kernel's `(st_dev, st_ino)` of `fd`.
+    pub fn fstat_id(fd: i32) -> Result<(u64, u64), i32> {
+        // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is writable and lives across the call.
+        res(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
+    /// The kernel's `(st_dev, st_ino)` of the file at `path` (NUL-terminated).
+    pub fn stat_id(path: &[u8]) -> Result<(u64, u64), i32> {
+        debug_assert_eq!(path.last(), Some(&0));
+        // SAFETY: a zeroed stat is a valid value; fstatat writes only into it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: path is NUL-terminated; `st` is writable and lives across the call.
+        res(unsafe { libc::syscall(libc::SYS_newfstatat, libc::AT_FDCWD, path.as_ptr(), &mut st as *mut libc::stat, 0) })?;
+        Ok((st.st_dev, st.st_ino))
     }
 
     pub fn readlink(path: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
@@ -565,8 +583,26 @@ extern "C" fn h_creat(path: *const c_char, mode: c_uint) -> c_int {
     h_openat(libc::AT_FDCWD, path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, mode)
 }
 
+/// A descriptor of `of` closed (by `close`, or by `dup2`/`dup3` onto it). Linux drops every
+/// POSIX record lock the process holds on the file at the close of any of its descriptors,
+/// whichever description took them; kura's live on the inode's lock file, where an unlock
+/// of the whole file through any descriptor of it does the same.
+fn descriptor_closed(state: &State, of: &OpenFile) {
+    if !state.fds.take_posix_locked(of.ino) {
+        return;
+    }
+    let lfd = *of.lock_fd.lock();
+    let lfd = lfd.or_else(|| state.fds.all().into_iter().find_map(|(_, o)| if o.ino == of.ino { *o.lock_fd.lock() } else { None }));
+    if let Some(lfd) = lfd {
+        let mut all = libc::flock { l_type: libc::F_UNLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: 0, l_len: 0, l_pid: 0 };
+        // SAFETY: `all` is a struct flock that lives across the call.
+        unsafe { libc::syscall(libc::SYS_fcntl, lfd, libc::F_SETLK, &mut all as *mut libc::flock) };
+    }
+}
+
 /// The last reference of this process to an open file went away: release its node.
 fn final_release(state: &State, of: Arc<OpenFile>) -> Result<(), i32> {
+    descriptor_closed(state, &of);
     let Ok(mut file) = Arc::try_unwrap(of) else {
         return Ok(());
     };
@@ -1125,28 +1161,73 @@ extern "C" fn h_posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -
 // ---------------------------------------------------------------------------------------
 // fcntl, flock
 
-/// The kernel file whose record locks stand for `of`'s (made at the first lock). Inside the
-/// fork gate: a child must not inherit the slot's lock held; the lock operation itself, which
-/// may wait for another process, runs outside.
+/// The kernel file whose locks stand for `of`'s (made at the first lock, or before a `fork`
+/// for every description that has none yet: see [`lock_files_before_fork`]). Inside the fork
+/// gate: a child must not inherit the slot's lock held; the lock operation itself, which may
+/// wait for another process, runs outside.
 fn lock_fd(state: &State, of: &OpenFile) -> Result<c_int, i32> {
     let _gate = state.fork_gate.enter();
     let mut slot = of.lock_fd.lock();
-    if let Some(fd) = *slot {
-        return Ok(fd);
+    match *slot {
+        Some(fd) => Ok(fd),
+        None => open_lock_file(of, &mut slot),
     }
-    let dir = std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned());
-    let dir_c = c_path(dir.as_bytes());
+}
+
+/// Opens `of`'s lock file (one kernel open file description per kura one, so that `flock`
+/// and OFD locks belong to the description as Linux's do), moved high where programs do not
+/// `dup2` onto it, and records its number in the description's shared state for the image
+/// after an `exec` ([`crate::fds::FdTable::recover_inherited`]).
+fn open_lock_file(of: &OpenFile, slot: &mut Option<c_int>) -> Result<c_int, i32> {
+    let (dir, file) = fds::lock_file_path(of.ino);
     // SAFETY: NUL-terminated path; the result (EEXIST included) is checked by the open below.
-    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir_c.as_ptr(), 0o1777) };
-    let fs_name = std::env::var("KURA_FS_NAME").unwrap_or_else(|_| "default".into());
-    let file = c_path(format!("{dir}/{fs_name}-{:x}", of.ino).as_bytes());
+    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
     // SAFETY: NUL-terminated path, integer flags.
     let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, file.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) };
     if fd < 0 {
         return Err(errno());
     }
-    *slot = Some(fd as c_int);
-    Ok(fd as c_int)
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    let fd = kura_engine::fd::keep_high(unsafe { OwnedFd::from_raw_fd(fd as c_int) }).into_raw_fd();
+    *slot = Some(fd);
+    of.record_lock_fd(fd);
+    Ok(fd)
+}
+
+/// Before `fork` (the gate closed, no kura call in progress): gives every open regular file
+/// its lock file, so that parent and child share one (a `flock` either takes after the fork
+/// is the other's too, as on one kernel description).
+pub(crate) fn lock_files_before_fork(state: &State) {
+    for (_, of) in state.fds.all() {
+        if of.is_dir {
+            continue;
+        }
+        let mut slot = of.lock_fd.lock();
+        if slot.is_none()
+            && let Err(e) = open_lock_file(&of, &mut slot)
+        {
+            complain(&format!("libkura_fs: opening a lock file before fork failed: {}", std::io::Error::from_raw_os_error(e)));
+        }
+    }
+}
+
+/// Before `exec`: a lock file stays open in the new image exactly when some descriptor of its
+/// description does (no `FD_CLOEXEC`), so that a lock taken through an inherited descriptor
+/// (`exec 9>f; flock 9` runs flock(1) in a new image) is held by the description, not by
+/// the image that took it.
+fn lock_files_across_exec(state: &State) {
+    let mut lock_fds: Vec<(c_int, bool)> = Vec::new();
+    for (fd, of) in state.fds.all() {
+        let Some(lfd) = *of.lock_fd.lock() else { continue };
+        let inherited = raw::fcntl(fd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC == 0);
+        match lock_fds.iter_mut().find(|(l, _)| *l == lfd) {
+            Some((_, any)) => *any |= inherited,
+            None => lock_fds.push((lfd, inherited)),
+        }
+    }
+    for (lfd, inherited) in lock_fds {
+        let _ = raw::fcntl(lfd, libc::F_SETFD, if inherited { 0 } else { c_long::from(libc::FD_CLOEXEC) });
+    }
 }
 
 /// A record lock on `of`, taken on its lock file. A range relative to the current offset or
@@ -1167,6 +1248,9 @@ fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -
     fl.l_whence = libc::SEEK_SET as i16;
     let _busy = Busy::enter();
     let lfd = lock_fd(state, of)?;
+    if matches!(cmd, libc::F_SETLK | libc::F_SETLKW) && c_int::from(fl.l_type) != libc::F_UNLCK {
+        state.fds.note_posix_lock(of.ino);
+    }
     // SAFETY: `fl` is a struct flock that lives across the call.
     let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, &mut fl as *mut libc::flock) };
     if r < 0 {
@@ -1561,12 +1645,10 @@ extern "C" fn h_symlink(target: *const c_char, path: *const c_char) -> c_int {
 
 /// `/proc/self/fd/N` (or this pid's) of a kura descriptor: its path.
 fn proc_fd_path(state: &State, p: &[u8]) -> Option<Vec<u8>> {
-    let rest = p.strip_prefix(b"/proc/self/fd/").or_else(|| {
-        let mine = format!("/proc/{}/fd/", std::process::id());
-        p.strip_prefix(mine.as_bytes())
-    })?;
-    let fd: i32 = std::str::from_utf8(rest).ok()?.parse().ok()?;
-    state.fds.get(fd).map(|of| of.path.clone())
+    match crate::paths::descriptor_link(state, p)? {
+        (of, b"") => Some(of.path.clone()),
+        _ => None,
+    }
 }
 
 extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: usize) -> isize {
@@ -1575,6 +1657,11 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { libc::syscall(libc::SYS_readlinkat, d, p, buf, size) as c_int }
         };
+        // SAFETY: libc's contract.
+        if unsafe { bytes(path) }.is_some_and(|p| p.starts_with(b"/dev/std")) {
+            // /dev/stdout and the like are the kernel's symlinks to /proc/self/fd/N.
+            return raw_call(dirfd, path) as isize;
+        }
         if let Some(state) = active()
             // SAFETY: libc's contract.
             && let Some(p) = unsafe { bytes(path) }
@@ -2130,6 +2217,28 @@ fn copy_between(in_fd: c_int, in_off: *mut i64, out_fd: c_int, out_off: *mut i64
     Ok(total as c_long)
 }
 
+/// A `copy_file_range` within one file: Linux cuts the length to what the source holds from
+/// its offset before it copies (so the copy never reads what it wrote past the old end), and
+/// refuses (EINVAL) source and destination ranges that then overlap. Other copies keep `len`.
+fn within_one_file(state: &State, in_fd: c_int, in_off: *const i64, out_fd: c_int, out_off: *const i64, len: usize) -> Result<usize, i32> {
+    let (Some(src), Some(dst)) = (state.fds.get(in_fd), state.fds.get(out_fd)) else { return Ok(len) };
+    if src.ino != dst.ino || src.is_dir {
+        return Ok(len);
+    }
+    // SAFETY: the caller's offset pointers, when given.
+    let at = |off: *const i64, of: &OpenFile| if off.is_null() { of.offset() as i64 } else { unsafe { *off } };
+    let (pos_in, pos_out) = (at(in_off, &src), at(out_off, &dst));
+    if pos_in < 0 || pos_out < 0 {
+        return Ok(len); // the copy itself answers EINVAL
+    }
+    let size = with_fs(state, |fs| fs.size_of(node_of(fs, &src)?).map_err(fs_errno))? as i64;
+    let count = (size - pos_in).clamp(0, len.min(i64::MAX as usize) as i64);
+    if pos_out < pos_in.saturating_add(count) && pos_in < pos_out.saturating_add(count) {
+        return Err(libc::EINVAL);
+    }
+    Ok(count as usize)
+}
+
 extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, out_off: *mut i64, len: usize, flags: c_uint) -> isize {
     guard(-1, || {
         if let Some(state) = active()
@@ -2142,6 +2251,10 @@ extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, o
             if appends(state, out_fd) {
                 return ret(Err(libc::EBADF)) as isize;
             }
+            let len = match within_one_file(state, in_fd, in_off, out_fd, out_off, len) {
+                Ok(len) => len,
+                Err(e) => return ret(Err(e)) as isize,
+            };
             return ret(copy_between(in_fd, in_off, out_fd, out_off, len)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
@@ -2245,6 +2358,7 @@ extern "C" fn h_execve(path: *const c_char, argv: *const *const c_char, envp: *c
             return unsafe { libc::syscall(libc::SYS_execve, path, argv, envp) as c_int };
         };
         writeback_before_leaving();
+        lock_files_across_exec(state);
         let cwd = state.cwd.read().clone();
         // SAFETY: execve's contract.
         let has_cwd_var = !envp.is_null() && (0..).map_while(|i| {

@@ -2,10 +2,12 @@
 //! working directory is inside the mount, and paths relative to a kura directory descriptor.
 
 use std::ffi::{CStr, c_char};
+use std::sync::Arc;
 
 use kura_fs::ROOT_INO;
 use kura_fs::path::strip_mount;
 
+use crate::fds::OpenFile;
 use crate::state::State;
 
 /// The first address above x86-64 user space (the last page below 2^47 is never mapped).
@@ -70,6 +72,38 @@ fn kura_abs(state: &State, abs: Vec<u8>, keep_trailing_slash: bool) -> Option<Ta
     Some(Target::Kura { start: ROOT_INO, rel, abs: normal })
 }
 
+/// A path naming one of this process's kura descriptors — `/dev/fd/N`, `/proc/self/fd/N`,
+/// `/proc/thread-self/fd/N`, `/proc/<own pid>/fd/N`, `/dev/stdin`, `/dev/stdout`,
+/// `/dev/stderr` — and what follows it (under a directory's). For the kernel these lead to
+/// the descriptor's placeholder memfd; they must lead to the kura file, as they lead to the
+/// open file on Linux (`echo x > /dev/stdout`, glibc's `freopen(NULL, …)`, `cat /dev/fd/3`).
+pub fn descriptor_link<'a>(state: &State, path: &'a [u8]) -> Option<(Arc<OpenFile>, &'a [u8])> {
+    let (fd, rest): (i32, &[u8]) = if let Some(std) = path.strip_prefix(b"/dev/std") {
+        let fd = [&b"in"[..], b"out", b"err"].iter().position(|name| std == *name)?;
+        (fd as i32, b"")
+    } else {
+        let tail = if let Some(t) = path.strip_prefix(b"/dev/fd/") {
+            t
+        } else {
+            let proc = path.strip_prefix(b"/proc/")?;
+            let slash = proc.iter().position(|&b| b == b'/')?;
+            let (who, t) = (&proc[..slash], proc[slash + 1..].strip_prefix(b"fd/")?);
+            let mine = who == b"self" || who == b"thread-self" || who == std::process::id().to_string().as_bytes();
+            if !mine {
+                return None;
+            }
+            t
+        };
+        let digits = tail.iter().take_while(|b| b.is_ascii_digit()).count();
+        let fd = std::str::from_utf8(&tail[..digits]).ok()?.parse().ok()?;
+        (fd, &tail[digits..])
+    };
+    if !rest.is_empty() && rest[0] != b'/' {
+        return None;
+    }
+    Some((state.fds.get(fd)?, rest))
+}
+
 /// Classifies `path` relative to `dirfd` (`AT_FDCWD` or a descriptor).
 pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
     kura_fs::path::check_path_len(path).map_err(|e| e.errno())?;
@@ -77,6 +111,14 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
         return Ok(Target::Kernel);
     }
     let trailing = path.ends_with(b"/") && path.len() > 1;
+    if path[0] == b'/'
+        && let Some((of, rest)) = descriptor_link(state, path)
+    {
+        // The file's path at its open (a file renamed since is not followed).
+        let mut abs = of.path.clone();
+        abs.extend_from_slice(rest);
+        return kura_abs(state, abs, trailing).ok_or(libc::ENOENT);
+    }
     if path[0] == b'/' {
         return Ok(match kura_abs(state, path.to_vec(), trailing) {
             Some(t) => t,

@@ -347,6 +347,8 @@ extern "C" fn atfork_prepare() {
             }
             fs.pause_writeback()
         });
+        // Parent and child share each description's lock file, made now if it has none.
+        crate::hooks::lock_files_before_fork(state);
         let fds = state.fds.lock_for_fork();
         let sock_names = state.sock_names.lock_for_fork();
         let cwd = state.cwd.write();

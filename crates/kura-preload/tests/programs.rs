@@ -120,6 +120,74 @@ fn redirections_onto_low_descriptors_leave_the_pool_alone() {
     assert_eq!(out, "a\nb\nc\na\nb\nc\n");
 }
 
+/// `flock` belongs to the open file description, as Linux's: a lock flock(1) takes through a
+/// descriptor the shell keeps (`exec 9>f; flock 9`: a new image) stays held until the shell
+/// closes it; a subshell's lock on an inherited descriptor is its parent's too; dup'd
+/// descriptors share it until the last one closes. Each answer is compared with the kernel's
+/// on a host directory. (The preload made a description's lock file at its first lock, in
+/// the process that took it: flock(1)'s exit dropped the lock, and parent and child of a fork
+/// locked separately.)
+#[test]
+fn flock_belongs_to_the_description_across_fork_and_exec() {
+    if !have("flock") {
+        return kura_testkit::skip("no flock(1) (util-linux)");
+    }
+    let script = r#"cd "$1"
+        exec 9>lk; flock 9
+        flock -n lk true && echo 1 free || echo 1 held
+        sh -c 'flock -n lk true && echo 2 free || echo 2 held'
+        exec 9>&-
+        flock -n lk true && echo 3 free || echo 3 held
+        exec 8>lk2
+        ( flock -n 8 && echo 4 child locked; sleep 0.3 ) &
+        sleep 0.1
+        flock -n 8 && echo 5 parent shares it || echo 5 parent blocked
+        flock -n lk2 true && echo 6 free || echo 6 held
+        wait
+        exec 8>&-
+        exec 7>lk3; exec 6>&7
+        flock -n 6 && echo 7 dup locked
+        flock -n lk3 true && echo 8 free || echo 8 held
+        exec 6>&-
+        flock -n lk3 true && echo 9 free || echo 9 held
+        exec 7>&-
+        flock -n lk3 true && echo 10 free || echo 10 held"#;
+    let (want, got) = kernel_and_kura(script);
+    assert_eq!(want.lines().count(), 10, "{want}");
+    assert_eq!(got, want, "kura's flock answers differ from the kernel's");
+}
+
+/// `script`'s output with its first argument a fresh host directory (the kernel's answers),
+/// then under the preload with `/kura/t`.
+fn kernel_and_kura(script: &str) -> (String, String) {
+    let env = Env::new();
+    let host = env.dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    let out = std::process::Command::new("sh").args(["-c", script, "sh"]).arg(&host).output().unwrap();
+    check(&out, &["sh", script]);
+    let want = String::from_utf8_lossy(&out.stdout).into_owned();
+    let got = env.run(&["sh", "-c", &format!("mkdir /kura/t && sh -c '{}' sh /kura/t", script.replace('\'', r"'\''"))]);
+    (want, got)
+}
+
+/// `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N` of a kura descriptor lead to the kura file,
+/// as on Linux: `echo two > /dev/stdout` under `> f` truncates and writes f, `>> /dev/stdout`
+/// appends, `cat /dev/fd/5` reads it. Compared with the kernel on a host directory. (They
+/// led the kernel to the descriptor's placeholder memfd: the writes went into it, `cat`
+/// printed the description's binary state.)
+#[test]
+fn descriptor_paths_lead_to_the_kura_file() {
+    let script = r#"cd "$1"
+        { echo one; echo two > /dev/stdout; echo three; } > f; cat f
+        { echo a; echo b >> /dev/stdout; echo c; } > g; cat g
+        exec 5<f; cat /dev/fd/5; cat /proc/self/fd/5; stat -L -c %s /dev/fd/5
+        basename "$(readlink /dev/fd/5)"; readlink /dev/stdin
+        sh -c 'echo via-proc > /proc/$$/fd/1' > h; cat h"#;
+    let (want, got) = kernel_and_kura(script);
+    assert_eq!(want, "two\nthree\na\nc\ntwo\nthree\ntwo\nthree\n10\nf\n/proc/self/fd/0\nvia-proc\n");
+    assert_eq!(got, want, "kura's answers differ from the kernel's");
+}
+
 /// The same with the engine embedded in the program: a program that dup2s its kura file onto
 /// every low descriptor after its first kura call leaves the engine's store file and io_uring
 /// ring alone (they live at 768 and up, kura_engine::fd), and reads back what it wrote.

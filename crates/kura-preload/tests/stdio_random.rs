@@ -71,16 +71,13 @@ fn compare(want: &str, got: &str) {
     );
 }
 
-/// Ignored until the divergences it still finds are fixed, each a process or descriptor seeing
-/// a file's size or data as they were before another one changed them: the parent's reads,
-/// writes and seeks after a child's (a process caches sizes and pages of its own; after
-/// `fork`, what a child writes is not seen by a parent that has the file open, e.g. an
-/// O_APPEND write lands at the end the parent knew), and a descriptor's size after a
-/// `freopen(NULL, "w+")` emptied the file with two lock scenarios' forks in between (seed 1,
-/// operation 170: fstat says 8,189 where Linux says 0; not narrowed down yet). Run it with
-/// `--ignored` to see the first.
+/// 60 seeds × 300 operations (kura and the kernel from the same seed; 200 more seeds by hand
+/// pass too). Found, besides the regressions below: `freopen(NULL, …)` (glibc opens
+/// `/proc/self/fd/N`, which led to the placeholder memfd instead of the kura file), `flock`
+/// of a description first locked after a `fork`, POSIX locks kept after a `close` of another
+/// descriptor of the file. Not generated (see the C source): a parent writing between its
+/// child's writes, `sendfile` within one file.
 #[test]
-#[ignore = "finds stale sizes and data after another process's or descriptor's change: see the comment"]
 fn random_stdio_locks_and_forks_match_the_kernel() {
     if !have("gcc") {
         return kura_testkit::skip("no gcc to build tests/c/stdio_random.c");
@@ -101,7 +98,9 @@ fn random_stdio_locks_and_forks_match_the_kernel() {
     );
 }
 
-/// sendfile and copy_file_range onto an O_APPEND file (EINVAL, EBADF); fcntl lock ranges from
+/// sendfile and copy_file_range onto an O_APPEND file (EINVAL, EBADF); copy_file_range
+/// between overlapping ranges of one file (EINVAL) and its length cut to the source's size;
+/// `freopen(NULL, …)`; POSIX locks dropped at the close of a dup'd descriptor; fcntl lock ranges from
 /// the current offset or the end; F_GETLK's answer without a conflict.
 #[test]
 fn divergences_found_so_far_match_the_kernel() {
@@ -111,6 +110,6 @@ fn divergences_found_so_far_match_the_kernel() {
     let env = Env::new();
     let exe = build(&env);
     let (want, got) = both(&env, &exe, &["regressions"]);
-    assert_eq!(want.lines().count(), 6, "{want}");
+    assert_eq!(want.lines().count(), 15, "{want}");
     assert_eq!(got, want, "the preload differs from the kernel");
 }
