@@ -7,6 +7,7 @@ use std::net::{TcpStream as StdTcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::config::Backend;
+use crate::instance::Instance;
 use crate::proto::memcache::{self, Dialect};
 use crate::proto::resp::{self, Resp};
 use crate::stats::IoStats;
@@ -76,6 +77,8 @@ pub(crate) struct Conn {
     pub backend: Backend,
     pub wire: Wire,
     pub stream: Option<mio::net::TcpStream>,
+    /// The open connection's handshake named the node's instance (see [`crate::instance`]).
+    pub instance_known: bool,
     /// After a failed connect: no new attempt before this.
     pub down_until: Option<Instant>,
     pub backoff: Duration,
@@ -104,6 +107,7 @@ impl Conn {
             backend,
             wire,
             stream: None,
+            instance_known: false,
             down_until: None,
             backoff,
             last_error: String::new(),
@@ -258,8 +262,14 @@ impl Conn {
     }
 }
 
-/// Opens a connection and learns how to talk to the node (blocking, bounded by `timeout`).
-pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Duration) -> Result<(StdTcpStream, Wire), String> {
+/// What a handshake learnt: how to talk to the node, and which process start of it answered
+/// (`None`: the node did not say, or the backend is a Redis Cluster, whose fail-overs move
+/// masters between addresses).
+pub(crate) type Handshake = (Wire, Option<Instance>);
+
+/// Opens a connection and learns how to talk to the node and which instance of it answers
+/// (blocking, bounded by `timeout`; one round trip).
+pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Duration) -> Result<(StdTcpStream, Handshake), String> {
     let addrs: Vec<_> = addr.to_socket_addrs().map_err(|e| format!("cannot resolve {addr}: {e}"))?.collect();
     let mut last = format!("{addr} resolves to no address");
     for a in addrs {
@@ -272,9 +282,9 @@ pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Du
                     stream.set_write_timeout(Some(timeout))
                 })();
                 setup.map_err(|e| format!("socket setup: {e}"))?;
-                let wire = handshake(&mut stream, addr, backend, text_only)?;
+                let handshake = handshake(&mut stream, addr, backend, text_only)?;
                 stream.set_read_timeout(None).and_then(|()| stream.set_write_timeout(None)).map_err(|e| e.to_string())?;
-                return Ok((stream, wire));
+                return Ok((stream, handshake));
             }
             Err(e) => last = format!("connect: {e}"),
         }
@@ -282,40 +292,73 @@ pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Du
     Err(last)
 }
 
-fn handshake(stream: &mut StdTcpStream, addr: &str, backend: Backend, text_only: bool) -> Result<Wire, String> {
+/// Longest `INFO server` reply accepted (Redis' is about 1.5 KiB).
+const INFO_REPLY_BYTES_MAX: usize = 64 << 10;
+
+fn handshake(stream: &mut StdTcpStream, addr: &str, backend: Backend, text_only: bool) -> Result<Handshake, String> {
     match backend {
-        Backend::Redis | Backend::RedisCluster => {
+        Backend::RedisCluster => {
             let reply = exchange_resp(stream, b"*1\r\n$4\r\nPING\r\n")?;
             match reply.as_slice() {
-                b"+PONG\r\n" => Ok(Wire::Resp),
+                b"+PONG\r\n" => Ok((Wire::Resp, None)),
                 other => Err(format!("PING answered {:?}", String::from_utf8_lossy(other))),
+            }
+        }
+        Backend::Redis => {
+            stream.write_all(b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n").map_err(|e| format!("handshake: {e}"))?;
+            let mut buf = Vec::new();
+            loop {
+                read_more(stream, &mut buf)?;
+                let Some((pong, used)) = resp::parse_reply(&buf, INFO_REPLY_BYTES_MAX)? else { continue };
+                if pong != Resp::Simple(b"PONG") {
+                    return Err(format!("PING answered {pong:?}"));
+                }
+                let Some((info, _)) = resp::parse_reply(&buf[used..], INFO_REPLY_BYTES_MAX)? else { continue };
+                let instance = match info {
+                    Resp::Bulk(text) => Instance::from_redis_info(text),
+                    _ => None,
+                };
+                tracing::debug!(addr, ?instance, "connected");
+                return Ok((Wire::Resp, instance));
             }
         }
         _ => {
             // `version` names the server; `mn` tells whether it has meta commands (memcached
-            // before 1.6 answers ERROR).
-            stream.write_all(b"version\r\nmn\r\n").map_err(|e| format!("handshake: {e}"))?;
+            // before 1.6 answers ERROR); `stats` which process start of it this is.
+            stream.write_all(b"version\r\nmn\r\nstats\r\n").map_err(|e| format!("handshake: {e}"))?;
             let mut buf = Vec::new();
-            let (version, dialect) = loop {
+            let (version, dialect, instance) = loop {
                 read_more(stream, &mut buf)?;
-                let Some((first, used)) = memcache::parse_reply(&buf, 0).map_err(|e| format!("handshake: {e}"))? else { continue };
-                let Some((second, _)) = memcache::parse_reply(&buf[used..], 0).map_err(|e| format!("handshake: {e}"))? else { continue };
-                let memcache::Reply::Version(version) = first else { return Err(format!("version answered {first:?}")) };
-                let dialect = match second {
-                    memcache::Reply::Noop if text_only => Dialect::Text,
-                    memcache::Reply::Noop => Dialect::Meta,
-                    memcache::Reply::Error => Dialect::Text,
-                    other => return Err(format!("mn answered {other:?}")),
-                };
-                break (String::from_utf8_lossy(version).into_owned(), dialect);
+                if let Some(learnt) = memcache_handshake(&buf, text_only).map_err(|e| format!("handshake: {e}"))? {
+                    break learnt;
+                }
             };
             if backend == Backend::Kura && !version.contains("kura") {
                 tracing::warn!(addr, version, "a kura:// node is not a kura server (its flush will fail); use memcached://");
             }
-            tracing::debug!(addr, version, ?dialect, "connected");
-            Ok(Wire::Memcache(dialect))
+            tracing::debug!(addr, version, ?dialect, ?instance, "connected");
+            Ok((Wire::Memcache(dialect), instance))
         }
     }
+}
+
+/// The replies to `version`, `mn` and `stats` at the start of `buf`, once all are there.
+fn memcache_handshake(buf: &[u8], text_only: bool) -> Result<Option<(String, Dialect, Option<Instance>)>, String> {
+    let Some((first, used)) = memcache::parse_reply(buf, 0)? else { return Ok(None) };
+    let memcache::Reply::Version(version) = first else { return Err(format!("version answered {first:?}")) };
+    let Some((second, more)) = memcache::parse_reply(&buf[used..], 0)? else { return Ok(None) };
+    let dialect = match second {
+        memcache::Reply::Noop if text_only => Dialect::Text,
+        memcache::Reply::Noop => Dialect::Meta,
+        memcache::Reply::Error => Dialect::Text,
+        other => return Err(format!("mn answered {other:?}")),
+    };
+    let Some((stats, _)) = memcache::parse_stats(&buf[used + more..])? else { return Ok(None) };
+    let instance = match stats {
+        memcache::StatsReply::Stats(stats) => Instance::from_stats(&stats),
+        memcache::StatsReply::Refused => None,
+    };
+    Ok(Some((String::from_utf8_lossy(version).into_owned(), dialect, instance)))
 }
 
 fn read_more(stream: &mut StdTcpStream, buf: &mut Vec<u8>) -> Result<(), String> {

@@ -23,10 +23,11 @@ pub enum Error {
     /// The connection broke with this request in flight: it may or may not have been applied.
     #[error("connection to {node} lost with the request in flight: {reason}")]
     ConnectionLost { node: String, reason: String },
-    /// A flush that found a connection to `node` broken since this context's last flush: the
-    /// node may have restarted and lost writes it had acknowledged, which no flush can bring
-    /// back. Reported once per context (as `fsync` reports a lost write-back once).
-    #[error("writes acknowledged before this flush may be lost: a connection to {node} broke since the last flush")]
+    /// A flush that found `node` restarted since this context's last flush (a new instance of
+    /// the server; or a broken connection to a server that does not tell its instance): it may
+    /// have lost writes it had acknowledged, which no flush can bring back. Reported once per
+    /// context (as `fsync` reports a lost write-back once).
+    #[error("writes acknowledged before this flush may be lost: {node} restarted (or a connection to it broke) since the last flush")]
     WritesMayBeLost { node: String },
     #[error("no answer from {node} within {timeout_ms} ms")]
     Timeout { node: String, timeout_ms: u64 },

@@ -43,6 +43,7 @@ mod config;
 mod conn;
 mod embedded;
 mod error;
+mod instance;
 pub mod fd;
 mod key;
 mod net;

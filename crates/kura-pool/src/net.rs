@@ -10,10 +10,17 @@
 //! and sent again after `MOVED`/`ASK`, `TRYAGAIN`/`CLUSTERDOWN` or a lost connection (a
 //! fail-over), with the slot map refreshed, until their deadline.
 //!
-//! A node that acknowledged writes and then lost its connection may have crashed and lost
-//! them (a kura server syncs them only now and then); a flush over a new connection would
-//! succeed and promise them durable. So every context counts connections broken in any
-//! context of the pool, and its first flush after one fails (`WritesMayBeLost`), once.
+//! A node that acknowledged writes and then restarted may have lost them (a kura server syncs
+//! them only now and then); a flush over a new connection would succeed and promise them
+//! durable. So each connection's handshake learns which process start of the node answers
+//! ([`crate::instance`]: kura's `kura_instance_id`, memcached's pid and start time from
+//! `stats`, Redis' `run_id`), in the same round trip as the rest of the handshake and before
+//! any request is sent on it. The pool remembers the last instance per node; a connection that
+//! finds another one counts a loss, as does a broken connection whose instance is unknown (a
+//! server that does not say, a Redis Cluster node). A connection closed by an idle or request
+//! timeout or a network error, the same server still running, counts nothing. Each context's
+//! first flush after a loss counted in any context of the pool fails (`WritesMayBeLost`), once.
+//! The flush connects to every node first, so a restart is found before it completes.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
@@ -93,7 +100,7 @@ enum Failure {
 /// Everything the reply handlers touch besides the connection itself.
 struct Sink {
     shared: Arc<Shared>,
-    /// `Shared::connections_lost` as of this context's last flush (or its start).
+    /// `Shared::losses` as of this context's last flush (or its start).
     lost_seen: u64,
     ready: VecDeque<(u64, Result<Outcome<'static>>)>,
     retries: VecDeque<Retry>,
@@ -122,7 +129,7 @@ impl Sink {
         state.remaining -= 1;
         if state.remaining == 0 {
             let mut state = self.flushes.remove(&id).expect("just seen");
-            let (lost, node) = self.shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let (lost, node) = self.shared.losses.lock().unwrap_or_else(|e| e.into_inner()).clone();
             if std::mem::replace(&mut self.lost_seen, lost) != lost {
                 state.error.get_or_insert(Error::WritesMayBeLost { node });
             }
@@ -156,7 +163,7 @@ pub(crate) struct NetContext {
 impl NetContext {
     pub fn new(shared: Arc<Shared>) -> Result<Self> {
         let config = &shared.config;
-        let lost_seen = shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner()).0;
+        let lost_seen = shared.losses.lock().unwrap_or_else(|e| e.into_inner()).0;
         let sink = Sink {
             shared: Arc::clone(&shared),
             lost_seen,
@@ -290,10 +297,14 @@ impl NetContext {
             conn.reserved = true;
         }
         match conn::connect(&conn.addr, conn.backend, spec.text_protocol, config.connect_timeout) {
-            Ok((stream, wire)) => {
+            Ok((stream, (wire, instance))) => {
                 stream.set_nonblocking(true)?;
                 let stream = mio::net::TcpStream::from_std(stream);
                 self.poll.register(stream.as_raw_fd(), ci as u64, true, true)?;
+                if let Some(instance) = &instance {
+                    self.shared.note_instance(&conn.addr, instance);
+                }
+                conn.instance_known = instance.is_some();
                 conn.stream = Some(stream);
                 conn.wire = wire;
                 conn.down_until = None;
@@ -596,8 +607,10 @@ impl NetContext {
         if let Some(stream) = conn.stream.take() {
             let _ = self.poll.deregister(stream.as_raw_fd());
             self.sink.stats.disconnects += 1;
-            let mut lost = self.shared.connections_lost.lock().unwrap_or_else(|e| e.into_inner());
-            *lost = (lost.0 + 1, conn.addr.clone());
+            // Of a known instance, the next connection's handshake tells whether it restarted.
+            if !conn.instance_known {
+                self.shared.note_loss(&conn.addr);
+            }
         }
         if conn.reserved {
             conn.reserved = false;

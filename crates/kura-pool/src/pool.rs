@@ -13,6 +13,7 @@ use kura_engine::device::EventFd;
 use crate::config::{Backend, EMBEDDED_SIZE_BYTES_DEFAULT, NodeSpec, PoolConfig, default_embedded_path};
 use crate::embedded::EmbeddedContext;
 use crate::error::{Error, Result};
+use crate::instance::Instance;
 use crate::net::NetContext;
 use crate::ring::Ring;
 use crate::stats::IoStats;
@@ -50,10 +51,12 @@ pub(crate) struct Shared {
     /// Open connections per node address, for the per-node limits. Touched only when a
     /// connection opens or closes, never per request.
     pub connections: Mutex<HashMap<String, usize>>,
-    /// Established connections that broke, in any context, and the node of the last one: the
-    /// node may have restarted and lost writes it had acknowledged, so each context's next
-    /// flush fails (see [`crate::net`]).
-    pub connections_lost: Mutex<(u64, String)>,
+    /// Times a node may have lost writes it had acknowledged, seen by any context, and the
+    /// node of the last one: a restart (a new instance), or a broken connection whose
+    /// instance was unknown. Each context's next flush fails once (see [`crate::net`]).
+    pub losses: Mutex<(u64, String)>,
+    /// The instance last seen per node address. Touched only when a connection opens.
+    pub instances: Mutex<HashMap<String, Instance>>,
 }
 
 impl Shared {
@@ -66,6 +69,30 @@ impl Shared {
         }
         *count += 1;
         Ok(())
+    }
+
+    /// Notes that `addr` may have lost writes it had acknowledged.
+    pub fn note_loss(&self, addr: &str) {
+        let mut losses = self.losses.lock().unwrap_or_else(|e| e.into_inner());
+        *losses = (losses.0 + 1, addr.to_owned());
+    }
+
+    /// A new connection to `addr` reached `instance`: when the node was seen as another
+    /// instance before, it restarted since, and unsynced writes may be lost.
+    pub fn note_instance(&self, addr: &str, instance: &Instance) {
+        let mut instances = self.instances.lock().unwrap_or_else(|e| e.into_inner());
+        let restarted = match instances.get(addr) {
+            // Kept as first seen: a pid and start time read again may be a second off.
+            Some(seen) if seen.same_start(instance) => return,
+            Some(_) => true,
+            None => false,
+        };
+        instances.insert(addr.to_owned(), instance.clone());
+        drop(instances);
+        if restarted {
+            tracing::warn!(node = addr, ?instance, "the node restarted: writes it acknowledged and had not synced may be lost");
+            self.note_loss(addr);
+        }
     }
 
     pub fn release_connection(&self, addr: &str) {
@@ -107,7 +134,7 @@ impl Pool {
     fn assemble(config: PoolConfig, engine: Option<Engine>) -> Self {
         let names: Vec<String> = config.nodes.iter().map(NodeSpec::name).collect();
         let ring = Ring::new(names.iter().map(String::as_str).zip(config.nodes.iter().map(|n| n.weight)));
-        Self { shared: Arc::new(Shared { config, ring, engine, connections: Mutex::new(HashMap::new()), connections_lost: Mutex::new((0, String::new())) }) }
+        Self { shared: Arc::new(Shared { config, ring, engine, connections: Mutex::new(HashMap::new()), losses: Mutex::new((0, String::new())), instances: Mutex::new(HashMap::new()) }) }
     }
 
     pub fn config(&self) -> &PoolConfig {

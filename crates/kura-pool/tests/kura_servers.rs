@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{KuraNode, value_of};
+use common::{KuraNode, assert_writes_may_be_lost, impatient_pool, time_out_a_get, value_of};
 use kura_pool::{Error, Pool, PoolConfig, block_key};
 
 fn pool_of(nodes: &[&KuraNode], options: &str) -> Pool {
@@ -120,6 +120,8 @@ fn a_node_that_is_down_fails_fast_and_is_used_again_when_back() {
     nodes[1].restart();
     let got = wait_for(|| ctx.get_many(&keys).ok().filter(|v| v.iter().all(Result::is_ok)));
     assert!(got.into_iter().enumerate().all(|(i, v)| v.unwrap() == Some(value_of(i as u64))));
+    // A new instance of the node answers: the first flush says writes may be lost, once.
+    assert_writes_may_be_lost(ctx.flush(), &down);
     ctx.flush().unwrap();
     assert!(ctx.io_stats().connects >= 3, "{:?}", ctx.io_stats());
 }
@@ -160,4 +162,96 @@ fn per_node_connection_limit() {
     drop(a);
     let mut c = pool.context().unwrap();
     c.set(b"k", b"v").unwrap();
+}
+
+/// A write acknowledged (not synced) by a context that then closed its connection, `kill -9`
+/// and a restart while no connection was open: a context's first flush after the restart
+/// fails, once, though none of its connections ever broke. (Counting broken connections, the
+/// flush succeeded and the write was gone.)
+#[test]
+fn a_restart_while_no_connection_was_open_fails_the_next_flush_once() {
+    let mut node = KuraNode::start(&["--sync", "never"]);
+    let pool = pool_of(&[&node], "");
+    let mut writer = pool.context().unwrap();
+    writer.set(b"acknowledged", b"not synced").unwrap();
+    drop(writer);
+    node.kill();
+    node.restart();
+    let mut ctx = pool.context().unwrap();
+    ctx.set(b"after", b"the restart").unwrap();
+    assert_writes_may_be_lost(ctx.flush(), &node.addr());
+    ctx.flush().expect("reported once");
+    assert_eq!(ctx.get(b"after").unwrap().as_deref(), Some(&b"the restart"[..]));
+}
+
+/// A context whose connection the server's idle timeout closed, noticed (a flush after it
+/// succeeds: the same server runs), then a write on a new connection that the idle timeout
+/// closes too, `kill -9` and a restart: the first flush after it fails, once.
+#[test]
+fn a_restart_after_an_idle_close_fails_the_next_flush_once() {
+    let mut node = KuraNode::start(&["--sync", "never", "--idle-timeout-s", "1"]);
+    let pool = pool_of(&[&node], "");
+    let mut ctx = pool.context().unwrap();
+    ctx.set(b"k", b"1").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    ctx.set(b"k", b"2").expect("the idle close noticed, a new connection");
+    ctx.flush().expect("the same server: nothing lost");
+    ctx.set(b"k", b"3").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    node.kill();
+    node.restart();
+    assert_writes_may_be_lost(ctx.flush(), &node.addr());
+    ctx.flush().expect("reported once");
+    assert_eq!(ctx.io_stats().disconnects, 2, "{:?}", ctx.io_stats());
+}
+
+/// A write acknowledged, a flush that times out (the server stopped with `kill -STOP`), then
+/// `kill -9` and a restart: the next flush fails, once. (Counting broken connections, the
+/// timed-out flush took the count, and the next one succeeded with the write gone.)
+#[test]
+fn a_restart_after_a_timed_out_flush_fails_the_next_flush_once() {
+    let mut node = KuraNode::start(&["--sync", "never"]);
+    let pool = impatient_pool(&node.url());
+    let mut ctx = pool.context().unwrap();
+    ctx.set(b"k", b"acknowledged").unwrap();
+    node.signal("STOP");
+    let e = ctx.flush().unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    node.kill();
+    node.restart();
+    assert_writes_may_be_lost(ctx.flush(), &node.addr());
+    ctx.flush().expect("reported once");
+}
+
+/// Connections the server closed for idleness, with the same server running: nothing was
+/// lost, and no flush says so (counting broken connections, both flushes failed).
+#[test]
+fn connections_closed_by_the_idle_timeout_do_not_fail_the_flush() {
+    let node = KuraNode::start(&["--idle-timeout-s", "1"]);
+    let pool = pool_of(&[&node], "");
+    let (mut ctx, mut other) = (pool.context().unwrap(), pool.context().unwrap());
+    ctx.set(b"k", b"1").unwrap();
+    ctx.flush().unwrap();
+    other.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    ctx.set(b"k", b"2").unwrap();
+    ctx.flush().unwrap();
+    other.flush().unwrap();
+    for stats in [ctx.io_stats(), other.io_stats()] {
+        assert_eq!((stats.connects, stats.disconnects), (2, 1), "{stats:?}");
+    }
+    assert_eq!(other.get(b"k").unwrap().as_deref(), Some(&b"2"[..]));
+}
+
+/// A request that timed out (the server stopped with `kill -STOP`) closes its connection;
+/// the server goes on (`kill -CONT`) as the same process, so the next flush succeeds.
+#[test]
+fn a_request_timeout_without_a_restart_does_not_fail_the_flush() {
+    let node = KuraNode::start(&["--sync", "never"]);
+    let pool = impatient_pool(&node.url());
+    let mut ctx = pool.context().unwrap();
+    ctx.set(b"k", b"1").unwrap();
+    time_out_a_get(&mut ctx, |signal| node.signal(signal));
+    ctx.flush().unwrap();
+    assert_eq!(ctx.get(b"k").unwrap().as_deref(), Some(&b"1"[..]));
 }

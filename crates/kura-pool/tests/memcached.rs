@@ -62,3 +62,23 @@ fn a_kura_url_on_memcached_cannot_flush() {
     // ... and the connection is still in step.
     assert_eq!(ctx.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
 }
+
+/// memcached names no instance, but its pid and start time (`stats`) do: a restart while no
+/// connection was open fails the next flush once; a request timeout (the server stopped and
+/// continued, the same process) fails none.
+#[test]
+fn a_restart_fails_the_next_flush_once_and_a_timeout_none() {
+    let mut server = try_or_skip!(Memcached::start());
+    let pool = common::impatient_pool(&server.url());
+    let mut ctx = pool.context().unwrap();
+    ctx.set(b"k", b"1").unwrap();
+    common::time_out_a_get(&mut ctx, |signal| server.signal(signal));
+    ctx.flush().expect("the same process: nothing lost");
+    assert_eq!(ctx.get(b"k").unwrap().as_deref(), Some(&b"1"[..]));
+    drop(ctx);
+    server.restart();
+    let mut ctx = pool.context().unwrap();
+    common::assert_writes_may_be_lost(ctx.flush(), &format!("127.0.0.1:{}", server.port));
+    ctx.flush().expect("reported once");
+    assert_eq!(ctx.get(b"k").unwrap(), None, "a new memcached holds nothing");
+}

@@ -133,3 +133,19 @@ fn cluster_moved_and_ask_redirections() {
     assert!(ctx.io_stats().redirects > before, "{:?}", ctx.io_stats());
     assert_eq!(ctx.get(&key).unwrap().as_deref(), Some(&b"v1"[..]));
 }
+
+/// Redis' `run_id` names its instance: a restart while no connection was open fails the next
+/// flush once.
+#[test]
+fn a_restart_fails_the_next_flush_once() {
+    let mut server = try_or_skip!(Redis::start(&[]));
+    let pool = Pool::open(PoolConfig::from_urls(&[server.url()]).unwrap()).unwrap();
+    let mut writer = pool.context().unwrap();
+    writer.set(b"k", b"1").unwrap();
+    writer.flush().unwrap();
+    drop(writer);
+    server.restart();
+    let mut ctx = pool.context().unwrap();
+    common::assert_writes_may_be_lost(ctx.flush(), &format!("127.0.0.1:{}", server.port));
+    ctx.flush().expect("reported once");
+}

@@ -122,6 +122,7 @@ impl Server {
                     max_connections: config.max_connections,
                     item_size_max_bytes: config.item_size_max_bytes,
                     port: local_addrs.first().map_or(0, SocketAddr::port),
+                    instance_id: crate::stats::new_instance_id(),
                 },
                 conns: Arc::clone(&conns),
                 workers: worker_stats.clone(),

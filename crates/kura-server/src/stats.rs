@@ -59,6 +59,20 @@ pub struct ServerInfo {
     pub max_connections: usize,
     pub item_size_max_bytes: usize,
     pub port: u16,
+    /// Random per process start ([`new_instance_id`]): a client that sees it change knows
+    /// the server restarted (and may have lost writes it acknowledged but had not synced).
+    pub instance_id: u64,
+}
+
+/// A number unlikely to repeat across process starts, for `kura_instance_id`. std's
+/// `RandomState` is seeded from the OS's random source; the pid and the clock are mixed in
+/// for good measure.
+pub fn new_instance_id() -> u64 {
+    use std::hash::BuildHasher as _;
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::hash::RandomState::new().hash_one((std::process::id(), now_ns))
 }
 
 /// Everything `stats` and `/metrics` read.
@@ -195,6 +209,11 @@ impl StatsSources {
             ),
             ("kura_protocol_errors", U64(counter("protocol_errors"))),
             ("kura_server_errors", U64(counter("server_errors"))),
+            // Text, not a number: an identity, not a metric.
+            (
+                "kura_instance_id",
+                Text(format!("{:016x}", self.info.instance_id)),
+            ),
         ]);
         out
     }

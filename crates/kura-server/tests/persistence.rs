@@ -348,3 +348,20 @@ fn refuses_a_store_of_another_mode_and_an_item_limit_its_blocks_cannot_hold() {
         "{stderr}"
     );
 }
+
+/// `stats` names the process start (`kura_instance_id`): the same on every connection of one
+/// process, another after a restart, so a client tells a restart (unsynced writes may be
+/// lost) from a connection that merely closed.
+#[test]
+fn the_instance_id_changes_with_a_restart_only() {
+    let mut kura = Kura::start(&[]);
+    let first = kura.client().stats()["kura_instance_id"].clone();
+    assert_eq!(first.len(), 16, "{first:?}");
+    assert!(u64::from_str_radix(&first, 16).is_ok(), "{first:?}");
+    assert_eq!(kura.client().stats()["kura_instance_id"], first);
+    kura.kill();
+    kura.restart();
+    let second = kura.client().stats()["kura_instance_id"].clone();
+    assert_ne!(second, first);
+    assert_eq!(second.len(), 16, "{second:?}");
+}

@@ -6,7 +6,8 @@
 //! text protocol cannot carry go base64 with the `b` flag. Text: `get`, `set <key> 0 0 <len>`,
 //! `delete`, and `version` as the ordering barrier. kura's durability barrier: `sync` (answered
 //! `OK` once every write the server acknowledged before it is durable; memcached answers
-//! `ERROR`).
+//! `ERROR`). At connect, `stats` tells which process start of the server answers (see
+//! [`crate::instance`]).
 
 use crate::key;
 
@@ -119,6 +120,55 @@ pub fn encode_noop(out: &mut Vec<u8>, dialect: Dialect) {
 /// it is durable.
 pub fn encode_sync(out: &mut Vec<u8>) {
     out.extend_from_slice(b"sync\r\n");
+}
+
+/// Asks for the general statistics (memcached's and kura's hold `pid`, `time`, `uptime`;
+/// kura's also `kura_instance_id`).
+pub fn encode_stats(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"stats\r\n");
+}
+
+/// Longest `stats` reply accepted (memcached's and kura's are about 3 KiB).
+pub const STATS_REPLY_BYTES_MAX: usize = 64 << 10;
+
+/// A reply to `stats`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsReply<'a> {
+    /// The `STAT <name> <value>` lines up to `END`, as (name, value).
+    Stats(Vec<(&'a [u8], &'a [u8])>),
+    /// `ERROR`, `CLIENT_ERROR …` or `SERVER_ERROR …`: the server tells nothing.
+    Refused,
+}
+
+/// Parses the `stats` reply at the start of `buf`: `Ok(None)` when it is not complete yet,
+/// else the reply and the bytes it used. Longer than [`STATS_REPLY_BYTES_MAX`] or not the
+/// protocol: `Err`.
+pub fn parse_stats(buf: &[u8]) -> Result<Option<(StatsReply<'_>, usize)>, String> {
+    let too_long = || format!("a stats reply longer than {STATS_REPLY_BYTES_MAX} bytes");
+    let mut stats = Vec::new();
+    let mut at = 0;
+    loop {
+        let Some((text, used)) = line(&buf[at..])? else {
+            return if buf.len() > STATS_REPLY_BYTES_MAX { Err(too_long()) } else { Ok(None) };
+        };
+        at += used;
+        if at > STATS_REPLY_BYTES_MAX {
+            return Err(too_long());
+        }
+        if text == b"END" {
+            return Ok(Some((StatsReply::Stats(stats), at)));
+        }
+        if let Some(stat) = text.strip_prefix(b"STAT ") {
+            let space = stat.iter().position(|&b| b == b' ').ok_or("a STAT line without a value")?;
+            stats.push((&stat[..space], &stat[space + 1..]));
+            continue;
+        }
+        let refusal = text == b"ERROR" || text.starts_with(b"CLIENT_ERROR") || text.starts_with(b"SERVER_ERROR");
+        if refusal && stats.is_empty() {
+            return Ok(Some((StatsReply::Refused, at)));
+        }
+        return Err(format!("unexpected line in a stats reply: {:?}", String::from_utf8_lossy(&text[..text.len().min(64)])));
+    }
 }
 
 /// One reply.
@@ -344,6 +394,38 @@ mod tests {
             at += consumed_bytes;
         }
         assert_eq!(seen.len(), 9);
+    }
+
+    #[test]
+    fn stats_replies() {
+        let whole = b"STAT pid 7\r\nSTAT version 1.6.18\r\nSTAT libevent 2.1 stable\r\nEND\r\nMN\r\n";
+        let (reply, used) = parse_stats(whole).unwrap().unwrap();
+        assert_eq!(used, whole.len() - 4);
+        assert_eq!(reply, StatsReply::Stats(vec![(&b"pid"[..], &b"7"[..]), (b"version", b"1.6.18"), (b"libevent", b"2.1 stable")]));
+        for cut in 0..used {
+            assert_eq!(parse_stats(&whole[..cut]), Ok(None));
+        }
+        assert_eq!(parse_stats(b"END\r\n").unwrap().unwrap().0, StatsReply::Stats(Vec::new()));
+        for refusal in [&b"ERROR\r\n"[..], b"SERVER_ERROR out of memory\r\n", b"CLIENT_ERROR no\r\n"] {
+            assert_eq!(parse_stats(refusal).unwrap().unwrap(), (StatsReply::Refused, refusal.len()));
+        }
+    }
+
+    #[test]
+    fn hostile_stats_replies_are_errors() {
+        for bad in [&b"STAT pid\r\nEND\r\n"[..], b"STAT a 1\r\nERROR\r\n", b"VALUE k 0 1\r\n", b"STAT a 1\n"] {
+            assert!(parse_stats(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // Endless STAT lines stop at the limit, complete or not.
+        let endless = b"STAT name value\r\n".repeat(STATS_REPLY_BYTES_MAX / 17 + 1);
+        assert!(parse_stats(&endless).unwrap_err().contains("longer"));
+        let mut long = endless.clone();
+        long.extend_from_slice(b"END\r\n");
+        assert!(parse_stats(&long).unwrap_err().contains("longer"));
+        use proptest::prelude::*;
+        proptest!(|(bytes in proptest::collection::vec(any::<u8>(), 0..300))| {
+            let _ = parse_stats(&bytes);
+        });
     }
 
     #[test]

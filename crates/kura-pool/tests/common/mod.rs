@@ -83,29 +83,56 @@ impl KuraNode {
         assert!(self.child.is_none(), "stop or kill first");
         self.launch();
     }
+
+    /// `kill -STOP` (the process keeps running, answering nothing) or `kill -CONT`.
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.child.as_ref().expect("running").id(), signal);
+    }
+}
+
+/// `kill -<signal> <pid>`.
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 /// Stock memcached, all in RAM.
 pub struct Memcached {
     pub port: u16,
-    _child: ChildGuard,
+    child: Option<ChildGuard>,
+    bin: PathBuf,
 }
 
 impl Memcached {
     pub fn start() -> Result<Self, String> {
         let bin = require_cmd("memcached")?;
-        let (child, port) = spawn_listening("memcached", START_TIMEOUT, |port| {
-            let mut cmd = Command::new(&bin);
-            cmd.args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "64", "-t", "1"]);
-            quiet(&mut cmd);
-            cmd
-        })
-        .map_err(|e| e.to_string())?;
-        Ok(Self { port, _child: child })
+        let (child, port) = spawn_listening("memcached", START_TIMEOUT, |port| Self::command(&bin, port)).map_err(|e| e.to_string())?;
+        Ok(Self { port, child: Some(child), bin })
+    }
+
+    fn command(bin: &Path, port: u16) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.args(["-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "64", "-t", "1"]);
+        quiet(&mut cmd);
+        cmd
     }
 
     pub fn url(&self) -> String {
         format!("memcached://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, and a new process on the same port (empty: memcached keeps nothing).
+    pub fn restart(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.child_mut().kill().expect("kill");
+        child.child_mut().wait().expect("reap");
+        self.child = Some(ChildGuard::spawn("memcached", &mut Self::command(&self.bin, self.port)).expect("start memcached"));
+        wait_for_tcp(("127.0.0.1", self.port), START_TIMEOUT).expect("memcached listening");
+    }
+
+    /// `kill -STOP` or `kill -CONT`.
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.child.as_ref().expect("running").id(), signal);
     }
 }
 
@@ -113,25 +140,36 @@ impl Memcached {
 pub struct Redis {
     pub port: u16,
     pub child: Option<ChildGuard>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Redis {
     pub fn start(extra: &[&str]) -> Result<Self, String> {
         let bin = require_cmd("redis-server")?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let (child, port) = spawn_listening("redis-server", START_TIMEOUT, |port| {
-            let mut cmd = Command::new(&bin);
-            // Replicas sync at once (Redis 7 waits 5 s for more replicas before a diskless sync).
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .args(["--repl-diskless-sync-delay", "0", "--dir"])
-                .arg(dir.path())
-                .args(extra);
-            quiet(&mut cmd);
-            cmd
-        })
-        .map_err(|e| e.to_string())?;
-        Ok(Self { port, child: Some(child), _dir: dir })
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (child, port) = spawn_listening("redis-server", START_TIMEOUT, |port| Self::command(&bin, port, dir.path(), &extra)).map_err(|e| e.to_string())?;
+        Ok(Self { port, child: Some(child), dir, bin, extra })
+    }
+
+    fn command(bin: &Path, port: u16, dir: &Path, extra: &[String]) -> Command {
+        let mut cmd = Command::new(bin);
+        // Replicas sync at once (Redis 7 waits 5 s for more replicas before a diskless sync).
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(["--repl-diskless-sync-delay", "0", "--dir"])
+            .arg(dir)
+            .args(extra);
+        quiet(&mut cmd);
+        cmd
+    }
+
+    /// SIGKILL, and a new process on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Some(ChildGuard::spawn("redis-server", &mut Self::command(&self.bin, self.port, self.dir.path(), &self.extra)).expect("start redis-server"));
+        wait_for_tcp(("127.0.0.1", self.port), START_TIMEOUT).expect("redis-server listening");
     }
 
     pub fn url(&self) -> String {
@@ -296,7 +334,8 @@ fn serve_fake(mut stream: std::net::TcpStream, behaviour: Misbehaviour, stop: &A
             Ok(_) => {
                 let reply: &[u8] = match (behaviour, handshaken) {
                     (Misbehaviour::GarbageHandshake, _) => b"HTTP/1.1 400 Bad Request\r\n\r\n",
-                    (_, false) => b"VERSION 1.6.18\r\nMN\r\n",
+                    // `stats` refused: the instance stays unknown.
+                    (_, false) => b"VERSION 1.6.18\r\nMN\r\nERROR\r\n",
                     (Misbehaviour::Garbage, true) => b"\x00\x01 WHAT IS THIS \xff\r\n",
                     (Misbehaviour::Silent, true) => b"",
                 };
@@ -307,6 +346,33 @@ fn serve_fake(mut stream: std::net::TcpStream, behaviour: Misbehaviour, stop: &A
             }
             Err(_) => {}
         }
+    }
+}
+
+/// A pool over `url` whose requests and connects time out after 300 ms.
+pub fn impatient_pool(url: &str) -> kura_pool::Pool {
+    let mut config = kura_pool::PoolConfig::from_urls(&[url]).unwrap();
+    config.request_timeout = Duration::from_millis(300);
+    config.connect_timeout = Duration::from_millis(300);
+    kura_pool::Pool::open(config).unwrap()
+}
+
+/// A get that times out while the server is stopped (`signal("STOP")`, then `"CONT"`): its
+/// connection closes, and the same server process goes on.
+pub fn time_out_a_get(ctx: &mut kura_pool::Context, signal: impl Fn(&str)) {
+    let disconnects = ctx.io_stats().disconnects;
+    signal("STOP");
+    let e = ctx.get(b"k").unwrap_err();
+    signal("CONT");
+    assert!(matches!(e, kura_pool::Error::Timeout { .. }), "{e}");
+    assert_eq!(ctx.io_stats().disconnects, disconnects + 1);
+}
+
+/// `result` (a flush) is `WritesMayBeLost` naming `node`.
+pub fn assert_writes_may_be_lost(result: kura_pool::Result<()>, node: &str) {
+    match result {
+        Err(kura_pool::Error::WritesMayBeLost { node: named }) => assert_eq!(named, node),
+        other => panic!("expected WritesMayBeLost naming {node}, got {other:?}"),
     }
 }
 
