@@ -184,6 +184,44 @@ pub struct Node {
     /// Whether this process is recorded in the inode's openers; held while the count of opens
     /// crosses zero and the record changes, so a close and an open never reorder them.
     pub(crate) registered: Mutex<bool>,
+    /// Open here when this process forked (or inherited open from its parent): another
+    /// process may read and write it through the same descriptions (see [`Fs::shared_io`]).
+    /// Until the last close here, its data is not cached.
+    shared: AtomicBool,
+    /// This process's threads take turns at a shared node's I/O (the host-wide lock is a
+    /// POSIX record lock, which all threads of a process hold together).
+    shared_turn: Mutex<()>,
+}
+
+/// Held across one read or write of a shared node (see [`Fs::shared_io`]).
+pub struct SharedIoGuard<'a> {
+    _turn: MutexGuard<'a, ()>,
+    /// The lock file and the byte locked in it.
+    locked: Option<(i32, u64)>,
+}
+
+impl Drop for SharedIoGuard<'_> {
+    fn drop(&mut self) {
+        if let Some((fd, ino)) = self.locked {
+            let _ = record_lock(fd, ino, libc::F_UNLCK);
+        }
+    }
+}
+
+/// Takes (`F_WRLCK`) or drops (`F_UNLCK`) this process's POSIX lock on byte `ino` of `fd`,
+/// waiting for other processes' (signals interrupting the wait are waited through).
+fn record_lock(fd: i32, ino: u64, kind: libc::c_int) -> std::io::Result<()> {
+    let mut fl = libc::flock { l_type: kind as i16, l_whence: libc::SEEK_SET as i16, l_start: (ino & (i64::MAX as u64)) as i64, l_len: 1, l_pid: 0 };
+    loop {
+        // SAFETY: `fl` is a struct flock that lives across the call.
+        if unsafe { libc::fcntl(fd, libc::F_SETLKW, &mut fl as *mut libc::flock) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 struct NodeInner {
@@ -288,7 +326,15 @@ impl Node {
             wb_lock: Mutex::new(()),
             stale: AtomicBool::new(false),
             registered: Mutex::new(false),
+            shared: AtomicBool::new(false),
+            shared_turn: Mutex::new(()),
         }
+    }
+
+    /// Whether another process may use this file through descriptions it shares with this
+    /// one (see [`Fs::shared_io`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.load(Ordering::Acquire)
     }
 
     /// The size this process sees.
@@ -349,6 +395,7 @@ impl Fs {
         if !last {
             return Ok(());
         }
+        node.shared.store(false, Ordering::Release);
         let orphan = node.inner.lock().orphan;
         let result = if orphan {
             // Unlinked here while open: nothing of it is worth writing back.
@@ -416,7 +463,8 @@ impl Fs {
             return;
         };
         let inner = node.inner.lock();
-        if !node.stale.load(Ordering::Acquire) && (inner.dirty > 0 || inner.meta_dirty || inner.opens > 0) {
+        let mine = inner.dirty > 0 || inner.meta_dirty || (inner.opens > 0 && !node.is_shared());
+        if !node.stale.load(Ordering::Acquire) && mine {
             inode.size = inner.size;
             if let Some(t) = inner.mtime_ns {
                 inode.mtime_ns = t;
@@ -476,6 +524,63 @@ impl Fs {
         }
     }
 
+    /// After `fork`, in the parent and in the child: every file open here is shared with the
+    /// other process until its last close here (see [`Fs::shared_io`]).
+    pub fn share_open_nodes(&self) {
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        for node in nodes {
+            if node.inner.lock().opens > 0 {
+                node.shared.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// One read or write of `node` at a time, across the threads of this process and, when it
+    /// is shared, across the processes of this host: a shared open file description's offset
+    /// (and an `O_APPEND` write's end of file) is read and moved under it, as Linux moves a
+    /// description's offset under its own lock. `None` for a node this process alone uses.
+    pub fn shared_io<'a>(&'a self, node: &'a Node) -> Result<Option<SharedIoGuard<'a>>> {
+        if !node.is_shared() {
+            return Ok(None);
+        }
+        let turn = node.shared_turn.lock();
+        let lock_fd = self.shared_io_lock.get_or_init(|| self.open_shared_io_lock()).as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        let locked = match lock_fd {
+            Some(fd) => {
+                record_lock(fd, node.ino, libc::F_WRLCK).map_err(|e| FsError::Io(format!("locking a shared file: {e}")))?;
+                Some((fd, node.ino))
+            }
+            None => None,
+        };
+        Ok(Some(SharedIoGuard { _turn: turn, locked }))
+    }
+
+    fn open_shared_io_lock(&self) -> Option<std::os::fd::OwnedFd> {
+        let path = self.config.shared_io_lock_path.as_ref()?;
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let opened = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path);
+        match opened {
+            Ok(file) => Some(kura_engine::fd::keep_high(std::os::fd::OwnedFd::from(file))),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "cannot open the shared-file lock: processes sharing a file are not serialized");
+                None
+            }
+        }
+    }
+
+    /// A shared node's size as the pool has it now.
+    fn reload_shared_size(&self, node: &Arc<Node>) -> Result<()> {
+        let (inode, _) = self.load_inode(node.ino).map_err(FsError::gone_is_stale)?;
+        let mut inner = node.inner.lock();
+        node.stale.store(false, Ordering::Release);
+        inner.size = if inner.dirty == 0 && !inner.meta_dirty { inode.size } else { inner.size.max(inode.size) };
+        inner.pool_size = inode.size;
+        inner.generation = inode.generation;
+        Ok(())
+    }
+
     /// Reloads a stale node's size from the pool (see [`Fs::invalidate_cached`]).
     fn refresh_if_stale(&self, node: &Arc<Node>) -> Result<()> {
         if !node.stale.load(Ordering::Acquire) {
@@ -493,7 +598,11 @@ impl Fs {
 
     /// The size of an open file as this process sees it.
     pub fn size_of(&self, node: &Arc<Node>) -> Result<u64> {
-        self.refresh_if_stale(node)?;
+        if node.is_shared() {
+            self.reload_shared_size(node)?;
+        } else {
+            self.refresh_if_stale(node)?;
+        }
         Ok(node.size())
     }
 
@@ -507,9 +616,16 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        match mode {
-            WriteMode::Buffered | WriteMode::Sync => self.write_cached(node, offset, data)?,
-            WriteMode::Direct | WriteMode::DirectSync => self.write_direct(node, offset, data)?,
+        if node.is_shared() {
+            // Straight to the pool, size and mtime too, so the other processes see it now.
+            self.reload_shared_size(node)?;
+            self.write_direct(node, offset, data)?;
+            self.writeback(node)?;
+        } else {
+            match mode {
+                WriteMode::Buffered | WriteMode::Sync => self.write_cached(node, offset, data)?,
+                WriteMode::Direct | WriteMode::DirectSync => self.write_direct(node, offset, data)?,
+            }
         }
         if matches!(mode, WriteMode::Sync | WriteMode::DirectSync) {
             self.fsync(node)?;
@@ -629,6 +745,9 @@ impl Fs {
 
     /// Reads at `offset` into `buf` through the cache (read-ahead on sequential misses).
     pub fn read(&self, node: &Arc<Node>, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        if node.is_shared() {
+            return self.read_direct(node, offset, buf);
+        }
         self.refresh_if_stale(node)?;
         let chunk = self.chunk as u64;
         let (size, sequential) = {
@@ -707,7 +826,11 @@ impl Fs {
 
     /// Reads at `offset` straight from the pool (`O_DIRECT`).
     pub fn read_direct(&self, node: &Arc<Node>, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.refresh_if_stale(node)?;
+        if node.is_shared() {
+            self.reload_shared_size(node)?;
+        } else {
+            self.refresh_if_stale(node)?;
+        }
         if node.inner.lock().dirty > 0 {
             self.writeback(node)?;
         }
@@ -727,8 +850,12 @@ impl Fs {
                 let n = (self.chunk - in_page).min(len - done);
                 let found = self.kv.get_into(&self.keys.chunk(node.ino, index), scratch)?;
                 let dst = &mut buf[done..done + n];
+                // A chunk shorter than `in_page` (written when the file was shorter, then
+                // extended by a truncate or a write further on) reads as zeros there.
                 let have = if found { scratch.len().saturating_sub(in_page).min(n) } else { 0 };
-                dst[..have].copy_from_slice(&scratch[in_page..in_page + have]);
+                if have > 0 {
+                    dst[..have].copy_from_slice(&scratch[in_page..in_page + have]);
+                }
                 dst[have..].fill(0);
                 done += n;
             }
@@ -1074,21 +1201,50 @@ mod tests {
     /// the pause, every lock of the write-back machinery stays held by the forking thread, so
     /// the child never inherits one held by a thread it does not have (the worker takes its
     /// state lock each time it wakes; a child forked then hung in its fork handler).
-    #[test]
-    fn pausing_for_fork_holds_the_write_back_locks_until_resumed() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = kura_pool::PoolConfig::embedded(&dir.path().join("fs.kura"), 256 << 20);
+    /// A file system on an embedded engine in `dir`.
+    fn embedded_fs(dir: &std::path::Path) -> Arc<Fs> {
+        let mut config = kura_pool::PoolConfig::embedded(&dir.join("fs.kura"), 256 << 20);
         config.engine.block_size_bytes = 1 << 20;
         config.engine.direct_io = false;
         config.value_size_max_bytes = 64 << 10;
         let kv = Arc::new(crate::kv::PoolKv::new(kura_pool::Pool::open(config).unwrap()).unwrap());
-        let fs = Fs::open(kv, FsConfig::default(), crate::ns::Owner { uid: 0, gid: 0 }).unwrap();
+        Fs::open(kv, FsConfig::default(), crate::ns::Owner { uid: 0, gid: 0 }).unwrap()
+    }
+
+    #[test]
+    fn pausing_for_fork_holds_the_write_back_locks_until_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = embedded_fs(dir.path());
         let held_elsewhere = |fs: &Fs| std::thread::scope(|s| s.spawn(|| (fs.cache.wb_state.try_lock().is_none(), fs.cache.pass.try_lock().is_none())).join().unwrap());
         assert_eq!(held_elsewhere(&fs), (false, false));
         let paused = fs.pause_writeback();
         assert_eq!(held_elsewhere(&fs), (true, true), "both locks held across fork");
         drop(paused);
         assert_eq!(held_elsewhere(&fs), (false, false));
+    }
+
+    /// A chunk shorter than the offset read in it (the file grew past it by a write to a later
+    /// chunk) reads as zeros there, through the cache and around it (`O_DIRECT`, and every
+    /// read of a file shared with another process). The direct read sliced past the chunk's
+    /// end and panicked, in the program the preload runs in (found by tests/stdio_random.rs).
+    #[test]
+    fn reads_past_a_short_chunk_are_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = crate::ns::Owner { uid: 0, gid: 0 };
+        let fs = embedded_fs(dir.path());
+        let (inode, _) = fs.create(crate::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", owner, true).unwrap();
+        let node = fs.open_node(&inode).unwrap();
+        fs.write(&node, 0, b"abcdefgh", WriteMode::Direct).unwrap();
+        fs.write(&node, 5000, b"z", WriteMode::Direct).unwrap();
+        for read in [Fs::read_direct, Fs::read] {
+            let mut buf = [1u8; 10];
+            assert_eq!(read(&fs, &node, 16, &mut buf).unwrap(), 10);
+            assert_eq!(buf, [0; 10]);
+            let mut buf = [1u8; 10];
+            assert_eq!(read(&fs, &node, 4, &mut buf).unwrap(), 10);
+            assert_eq!(&buf, b"efgh\0\0\0\0\0\0");
+        }
+        fs.release(&node).unwrap();
     }
 
     /// The page map against a `BTreeMap` model, across the dense/sparse boundary.

@@ -16,7 +16,11 @@
 //! Consistency between processes is close-to-open (as NFS): a process's buffered writes
 //! reach the pool at the latest when it closes the file, calls `fsync`, forks, execs or exits;
 //! a process opening a file sees what was written back before. Metadata (names, links,
-//! attributes) is never cached: every change is a CAS on the pool's record.
+//! attributes) is never cached: every change is a CAS on the pool's record. Files open in a
+//! process when it forks are *shared* by parent and child (one open file description, one
+//! offset): until their last close there, reads and writes of such a file go straight to the
+//! pool, one at a time across the processes of the host ([`Fs::shared_io`]), so each sees
+//! the other's writes at once and appends and shared offsets never overlap, as on Linux.
 
 pub mod cache;
 pub mod error;
@@ -34,7 +38,7 @@ use std::sync::{Arc, Once};
 
 use crate::sync::Mutex;
 
-pub use cache::{Node, WriteMode, WritebackPause};
+pub use cache::{Node, SharedIoGuard, WriteMode, WritebackPause};
 pub use error::{FsError, Result};
 pub use kv::{Cond, Kv, PoolKv};
 pub use layout::{DirEntry, Inode, ROOT_INO};
@@ -101,6 +105,10 @@ pub struct FsConfig {
     pub dirty_percent: u32,
     pub writeback_interval_ms: u64,
     pub readahead_pages: u32,
+    /// A local file whose byte `ino` (a POSIX record lock) serializes the reads and writes of
+    /// the processes of this host that share open file `ino` (see [`Node::is_shared`]); the
+    /// preload sets it. `None`: only this process's threads are serialized.
+    pub shared_io_lock_path: Option<std::path::PathBuf>,
 }
 
 impl Default for FsConfig {
@@ -112,6 +120,7 @@ impl Default for FsConfig {
             dirty_percent: DIRTY_PERCENT_DEFAULT,
             writeback_interval_ms: WRITEBACK_INTERVAL_MS_DEFAULT,
             readahead_pages: READAHEAD_PAGES_DEFAULT,
+            shared_io_lock_path: None,
         }
     }
 }
@@ -145,6 +154,8 @@ pub struct Fs {
     /// Inode records as this process last read or wrote them, with their versions (at most
     /// `ns::RECENT_INODES_MAX`).
     pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64)>>,
+    /// `config.shared_io_lock_path` opened (at its first use; `None` inside when it cannot be).
+    pub(crate) shared_io_lock: std::sync::OnceLock<Option<std::os::fd::OwnedFd>>,
 }
 
 impl Fs {
@@ -180,6 +191,7 @@ impl Fs {
             instance: instance_id(me),
             opener: Mutex::new(None),
             recent_inodes: Mutex::new(HashMap::new()),
+            shared_io_lock: std::sync::OnceLock::new(),
         });
         fs.format_if_new(owner)?;
         // Unlinked files whose last openers died (killed) are deleted by the next instance.

@@ -700,6 +700,7 @@ fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Optio
     let out = unsafe { std::slice::from_raw_parts_mut(buf, count) };
     with_fs(state, |fs| {
         let node = node_of(fs, of)?;
+        let _shared = fs.shared_io(node).map_err(fs_errno)?;
         let offset = at.unwrap_or_else(|| of.offset());
         let n = if flags & libc::O_DIRECT != 0 { fs.read_direct(node, offset, out) } else { fs.read(node, offset, out) }.map_err(fs_errno)?;
         if at.is_none() {
@@ -731,6 +732,9 @@ fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Op
     };
     with_fs(state, |fs| {
         let node = node_of(fs, of)?;
+        // Another process may write through this description too: its offset and the end
+        // of file are read and moved under the shared-file lock.
+        let _shared = fs.shared_io(node).map_err(fs_errno)?;
         let offset = if flags & libc::O_APPEND != 0 { fs.size_of(node).map_err(fs_errno)? } else { at.unwrap_or_else(|| of.offset()) };
         let n = fs.write(node, offset, data, mode).map_err(fs_errno)?;
         if at.is_none() {

@@ -209,6 +209,10 @@ pub fn init() {
     if let Some(ms) = env_u64("KURA_FS_WRITEBACK_MS") {
         fs_config.writeback_interval_ms = ms;
     }
+    // Next to the lock files of flock and fcntl (one per host and file system).
+    let (lock_dir, _) = crate::fds::lock_file_path(0);
+    let lock_dir = String::from_utf8_lossy(&lock_dir[..lock_dir.len() - 1]).into_owned();
+    fs_config.shared_io_lock_path = Some(format!("{lock_dir}/{}.io", fs_config.name).into());
     let pool_urls: Vec<String> = env("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     let embedded = pool_urls.is_empty() || pool_urls.iter().any(|u| u.starts_with("embedded:"));
     let sock_prefix = crate::sock::name_prefix(&fs_config.name, &pool_urls);
@@ -366,6 +370,10 @@ extern "C" fn atfork_parent() {
         if let Some(fs) = state.fs_if_open() {
             // The child shares this process's descriptors and may write through them.
             fs.invalidate_cached();
+            // A child cannot use an embedded engine: nothing is shared with it then.
+            if !state.embedded {
+                fs.share_open_nodes();
+            }
         }
         state.fork_gate.open(false);
     });
@@ -380,6 +388,7 @@ extern "C" fn atfork_child() {
         if let Some(fs) = state.fs_if_open() {
             // Before fork returns: the parent may close its descriptors right away.
             let _busy = Busy::enter();
+            fs.share_open_nodes();
             if let Err(e) = fs.register_inherited_opens() {
                 crate::hooks::complain(&format!("libkura_fs: recording this child in its open files failed: {e}"));
             }

@@ -512,13 +512,10 @@ static void file_digest(const char *n) {
     digest(buf, r < 0 ? 0 : (size_t)r);
 }
 
-/* Parent and child write through an inherited O_APPEND and a plain descriptor of one file (the
- * plain one's offset is shared); the child leaves a line in a stdio buffer of its own and ends
- * with exit (flushed once) or _exit (lost).
- * NOT COVERED: the parent writing between the child's writes. Each process caches file data
- * and sizes of its own, so the parent's O_APPEND write after the child's lands at the end the
- * parent knew (kura: a@4118 and 4,134 bytes where Linux has 4,149); the parent writes before
- * the fork only. */
+/* Parent and child take turns writing through an inherited O_APPEND and a plain descriptor of
+ * one file (the plain one's offset is shared), the parent looking at the size and reading the
+ * file between turns; the child leaves a line in a stdio buffer of its own and ends with exit
+ * (flushed once) or _exit (lost). */
 static void sc_fork_writes(void) {
     const char *n = name();
     int rounds = 1 + rnd(3), how = rnd(2);
@@ -534,7 +531,7 @@ static void sc_fork_writes(void) {
     out("fork-writes %s %d %s", n, rounds, how ? "exit" : "_exit");
     if (a < 0 || b < 0) return out(" %s", ename(errno));
     lseek(b, offset(), SEEK_SET);
-    for (int i = 0; i < 2 * rounds; i += 2) RES(via[i] ? "a" : "b", write(via[i] ? a : b, data[i], strlen(data[i])));
+    RES(via[0] ? "a" : "b", write(via[0] ? a : b, data[0], strlen(data[0])));
     int p2c[2], c2p[2];
     if (pipe(p2c) || pipe(c2p)) return out(" pipe");
     pid_t pid = fork_clean();
@@ -544,6 +541,7 @@ static void sc_fork_writes(void) {
             ssize_t r = write(via[i] ? a : b, data[i], strlen(data[i]));
             put_line(c2p[1], "%zd", r);
         }
+        get_line(p2c[0]); /* the parent has looked at the file: now leave */
         FILE *f = fdopen(dup(b), "w");
         fputs("child-buffered\n", f);
         if (how) exit(0);
@@ -552,7 +550,12 @@ static void sc_fork_writes(void) {
     for (int i = 1; i < 2 * rounds; i += 2) {
         put_line(p2c[1], "go");
         out(" child:%s", get_line(c2p[0]));
+        struct stat st;
+        out(" size=%lld", fstat(a, &st) ? -1LL : (long long)st.st_size);
+        if (i == 1) file_digest(n);
+        if (i + 1 < 2 * rounds) RES(via[i + 1] ? "a" : "b", write(via[i + 1] ? a : b, data[i + 1], strlen(data[i + 1])));
     }
+    put_line(p2c[1], "go");
     wait_child(pid);
     out(" b@%ld a@%ld", (long)lseek(b, 0, SEEK_CUR), (long)lseek(a, 0, SEEK_CUR));
     file_digest(n);
