@@ -570,6 +570,47 @@ impl Fs {
         }
     }
 
+    /// Before this process releases a lock on file `ino` (`F_UNLCK`, `LOCK_UN`, a close that
+    /// drops its POSIX locks): its writes to the file go to the pool, so the process that
+    /// takes the lock next reads them, as an NFS client writes back before it unlocks.
+    pub fn before_unlock(&self, ino: u64) -> Result<()> {
+        let node = self.nodes.lock().get(&ino).cloned();
+        node.map_or(Ok(()), |node| self.writeback(&node))
+    }
+
+    /// After this process took a lock on file `ino`: what other processes wrote back since it
+    /// last looked replaces its cached pages and size (clean pages of an inode whose
+    /// generation moved are dropped), as an NFS client revalidates its cache when it takes a
+    /// lock. Programs that share a file between unrelated processes under locks (sqlite in
+    /// several processes) then read each other's committed writes. When the record cannot be
+    /// read, every clean page is dropped and the size reloaded at the next use.
+    pub fn after_lock(&self, ino: u64) {
+        let Some(node) = self.nodes.lock().get(&ino).cloned() else { return };
+        if node.is_shared() {
+            return; // nothing of it is cached
+        }
+        let loaded = self.load_inode(ino).ok();
+        let mut inner = node.inner.lock();
+        if loaded.as_ref().is_none_or(|(inode, _)| inode.generation != inner.generation) {
+            let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.dirty && !p.in_flight).map(|(i, _)| i).collect();
+            for index in &clean {
+                inner.pages.remove(*index);
+            }
+            self.cache.pages.fetch_sub(clean.len(), Ordering::Relaxed);
+        }
+        match loaded {
+            Some((inode, _)) => {
+                inner.generation = inode.generation;
+                inner.pool_size = inode.size;
+                if inner.dirty == 0 && !inner.meta_dirty {
+                    inner.size = inode.size;
+                    node.stale.store(false, Ordering::Release);
+                }
+            }
+            None => node.stale.store(true, Ordering::Release),
+        }
+    }
+
     /// A shared node's size as the pool has it now.
     fn reload_shared_size(&self, node: &Arc<Node>) -> Result<()> {
         let (inode, _) = self.load_inode(node.ino).map_err(FsError::gone_is_stale)?;

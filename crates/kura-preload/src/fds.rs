@@ -13,12 +13,25 @@ use crate::hooks::raw;
 const LOCK_DIR_DEFAULT: &str = "/tmp/kura-fs-locks";
 
 /// The directory of lock files and inode `ino`'s lock file (both NUL-terminated):
-/// `$KURA_FS_LOCK_DIR` (default [`LOCK_DIR_DEFAULT`]), `<$KURA_FS_NAME or default>-<ino:x>`.
+/// `$KURA_FS_LOCK_DIR` (default [`LOCK_DIR_DEFAULT`]), `<fs>-<ino:x>`, where `<fs>` names the
+/// file system and its pool (`KURA_FS_NAME`, `KURA_FS_POOL`: [`crate::sock::fs_hash`]), so
+/// that two file systems of one name in different pools never share a lock.
 pub fn lock_file_path(ino: u64) -> (Vec<u8>, Vec<u8>) {
-    let dir = std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned());
-    let fs_name = std::env::var("KURA_FS_NAME").unwrap_or_else(|_| "default".into());
-    let file = format!("{dir}/{fs_name}-{ino:x}\0").into_bytes();
+    let dir = lock_dir();
+    let file = format!("{dir}/{:016x}-{ino:x}\0", fs_tag()).into_bytes();
     (format!("{dir}\0").into_bytes(), file)
+}
+
+/// `$KURA_FS_LOCK_DIR`, default [`LOCK_DIR_DEFAULT`].
+pub fn lock_dir() -> String {
+    std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned())
+}
+
+/// This process's file system and pool, as [`crate::sock::fs_hash`] names them.
+pub fn fs_tag() -> u64 {
+    let fs_name = std::env::var("KURA_FS_NAME").unwrap_or_else(|_| "default".into());
+    let pool_urls: Vec<String> = std::env::var("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
+    crate::sock::fs_hash(&fs_name, &pool_urls)
 }
 
 /// Name of a placeholder memfd (what `/proc/self/fd/N` shows, after `/memfd:`).

@@ -594,6 +594,7 @@ fn descriptor_closed(state: &State, of: &OpenFile) {
     let lfd = *of.lock_fd.lock();
     let lfd = lfd.or_else(|| state.fds.all().into_iter().find_map(|(_, o)| if o.ino == of.ino { *o.lock_fd.lock() } else { None }));
     if let Some(lfd) = lfd {
+        written_back_before_unlock(state, of.ino);
         let mut all = libc::flock { l_type: libc::F_UNLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: 0, l_len: 0, l_pid: 0 };
         // SAFETY: `all` is a struct flock that lives across the call.
         unsafe { libc::syscall(libc::SYS_fcntl, lfd, libc::F_SETLK, &mut all as *mut libc::flock) };
@@ -1252,13 +1253,21 @@ fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -
     fl.l_whence = libc::SEEK_SET as i16;
     let _busy = Busy::enter();
     let lfd = lock_fd(state, of)?;
-    if matches!(cmd, libc::F_SETLK | libc::F_SETLKW) && c_int::from(fl.l_type) != libc::F_UNLCK {
+    let sets = matches!(cmd, libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_SETLK | libc::F_OFD_SETLKW);
+    let unlocks = sets && c_int::from(fl.l_type) == libc::F_UNLCK;
+    if matches!(cmd, libc::F_SETLK | libc::F_SETLKW) && !unlocks {
         state.fds.note_posix_lock(of.ino);
+    }
+    if unlocks {
+        written_back_before_unlock(state, of.ino);
     }
     // SAFETY: `fl` is a struct flock that lives across the call.
     let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, &mut fl as *mut libc::flock) };
     if r < 0 {
         return Err(errno());
+    }
+    if sets && !unlocks {
+        revalidated_after_lock(state, of.ino);
     }
     if matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
         // F_GETLK answers in the caller's struct: the conflicting lock, or only F_UNLCK in
@@ -1273,6 +1282,29 @@ fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -
         }
     }
     Ok(r as c_int)
+}
+
+/// Locks make the page cache coherent between processes, as NFS's do: a process writes a
+/// file back before it releases a lock on it, and revalidates its cache after it takes one
+/// ([`Fs::before_unlock`], [`Fs::after_lock`]). A write-back that fails here leaves the data
+/// dirty for the next write-back, whose `fsync` or `close` reports it; the unlock goes on.
+/// Called outside any kura call of this thread (they take the fork gate here).
+fn written_back_before_unlock(state: &State, ino: u64) {
+    let _gate = state.fork_gate.enter();
+    let _busy = Busy::enter();
+    if let Some(fs) = state.fs_if_open()
+        && let Err(e) = fs.before_unlock(ino)
+    {
+        complain(&format!("libkura_fs: write-back before an unlock failed: {e}"));
+    }
+}
+
+fn revalidated_after_lock(state: &State, ino: u64) {
+    let _gate = state.fork_gate.enter();
+    let _busy = Busy::enter();
+    if let Some(fs) = state.fs_if_open() {
+        fs.after_lock(ino);
+    }
 }
 
 /// Whether `fd` (kura's or the kernel's) was opened with `O_APPEND`.
@@ -1290,10 +1322,20 @@ extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
             && let Some(of) = state.fds.get(fd)
         {
             let _busy = Busy::enter();
+            let unlocks = op & libc::LOCK_UN != 0;
             return ret_int(lock_fd(state, &of).and_then(|lfd| {
+                if unlocks && !of.is_dir {
+                    written_back_before_unlock(state, of.ino);
+                }
                 // SAFETY: integers.
                 let r = unsafe { libc::syscall(libc::SYS_flock, lfd, op) };
-                if r < 0 { Err(errno()) } else { Ok(0) }
+                if r < 0 {
+                    return Err(errno());
+                }
+                if !unlocks && !of.is_dir {
+                    revalidated_after_lock(state, of.ino);
+                }
+                Ok(0)
             }));
         }
         // SAFETY: integers.

@@ -46,8 +46,17 @@ const NAME_TAG: &[u8] = b"kura-sock/";
 const NAMES_MAX: usize = 4096;
 
 /// The abstract-name prefix of the file system `fs_name` in the pool at `pool_urls`:
-/// `"\0kura-sock/<16 hex digits>/"`. FNV-1a, so that every build agrees.
+/// `"\0kura-sock/<16 hex digits>/"` (see [`fs_hash`]).
 pub fn name_prefix(fs_name: &str, pool_urls: &[String]) -> Vec<u8> {
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(NAME_TAG);
+    prefix.extend_from_slice(format!("{:016x}/", fs_hash(fs_name, pool_urls)).as_bytes());
+    prefix
+}
+
+/// Names the file system `fs_name` in the pool at `pool_urls` on this host (its sockets'
+/// names, its lock files): FNV-1a of the name and the sorted URLs, so that every build agrees.
+pub fn fs_hash(fs_name: &str, pool_urls: &[String]) -> u64 {
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut urls: Vec<&str> = pool_urls.iter().map(String::as_str).collect();
@@ -61,10 +70,7 @@ pub fn name_prefix(fs_name: &str, pool_urls: &[String]) -> Vec<u8> {
             h = h.wrapping_mul(FNV_PRIME);
         }
     }
-    let mut prefix = vec![0u8];
-    prefix.extend_from_slice(NAME_TAG);
-    prefix.extend_from_slice(format!("{h:016x}/").as_bytes());
-    prefix
+    h
 }
 
 /// The paths this process bound or connected kura sockets to, by abstract name.

@@ -209,10 +209,8 @@ pub fn init() {
     if let Some(ms) = env_u64("KURA_FS_WRITEBACK_MS") {
         fs_config.writeback_interval_ms = ms;
     }
-    // Next to the lock files of flock and fcntl (one per host and file system).
-    let (lock_dir, _) = crate::fds::lock_file_path(0);
-    let lock_dir = String::from_utf8_lossy(&lock_dir[..lock_dir.len() - 1]).into_owned();
-    fs_config.shared_io_lock_path = Some(format!("{lock_dir}/{}.io", fs_config.name).into());
+    // Next to the lock files of flock and fcntl (one per host, file system and pool).
+    fs_config.shared_io_lock_path = Some(format!("{}/{:016x}.io", crate::fds::lock_dir(), crate::fds::fs_tag()).into());
     let pool_urls: Vec<String> = env("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     let embedded = pool_urls.is_empty() || pool_urls.iter().any(|u| u.starts_with("embedded:"));
     let sock_prefix = crate::sock::name_prefix(&fs_config.name, &pool_urls);

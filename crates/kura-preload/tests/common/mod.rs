@@ -52,6 +52,8 @@ impl Env {
             cmd.args(["--store-size", "2G"]);
         }
         cmd.arg("--").args(program);
+        // Lock files of this test's own (not the host's /tmp/kura-fs-locks).
+        cmd.env("KURA_FS_LOCK_DIR", self.dir.path().join("locks"));
         cmd.stdin(Stdio::null());
         cmd
     }
