@@ -15,7 +15,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{FsError, Result};
 use crate::layout::{FILE_SIZE_BYTES_MAX, Inode, file_type};
@@ -31,6 +31,9 @@ const WRITEBACK_COPY_PAGES: usize = 16;
 const ROOM_WAIT_MS: u64 = 10;
 /// Evictions tried per page that must be freed before a writer waits.
 const EVICT_SCAN_MAX: usize = 4096;
+/// A read at the end of a file open here looks whether another process made it longer, at
+/// most this often (`tail -f` of another process's log; NFS's attribute cache does the same).
+const EOF_REVALIDATE_INTERVAL_MS: u64 = 100;
 
 /// How a write reaches the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +244,9 @@ struct NodeInner {
     orphan: bool,
     /// End of the last read, for sequential read-ahead.
     last_read_end: u64,
+    /// When this process last compared its view with the pool's record (see
+    /// [`Fs::revalidate_clean`]).
+    revalidated_at: Instant,
     /// A failed write-back, reported by the next `fsync`/`close`.
     error: Option<FsError>,
 }
@@ -321,6 +327,7 @@ impl Node {
                 opens: 0,
                 orphan: false,
                 last_read_end: u64::MAX,
+                revalidated_at: Instant::now(),
                 error: None,
             }),
             wb_lock: Mutex::new(()),
@@ -365,6 +372,7 @@ impl Fs {
             }
             inner.size = inode.size;
             inner.pool_size = inode.size;
+            inner.revalidated_at = Instant::now();
         }
         inner.opens += 1;
         let first = inner.opens == 1;
@@ -462,15 +470,67 @@ impl Fs {
         let Some(node) = self.nodes.lock().get(&inode.ino).cloned() else {
             return;
         };
-        let inner = node.inner.lock();
-        let mine = inner.dirty > 0 || inner.meta_dirty || (inner.opens > 0 && !node.is_shared());
-        if !node.stale.load(Ordering::Acquire) && mine {
+        let mut inner = node.inner.lock();
+        if node.stale.load(Ordering::Acquire) || node.is_shared() {
+            return;
+        }
+        if inner.dirty > 0 || inner.meta_dirty {
             inode.size = inner.size;
             if let Some(t) = inner.mtime_ns {
                 inode.mtime_ns = t;
                 inode.ctime_ns = inode.ctime_ns.max(t);
             }
+        } else if inner.opens > 0 {
+            // Nothing unwritten here: the record is as new as this process's view, or newer
+            // (another process wrote the file: `tail -f` sees it grow).
+            self.revalidate_clean(&mut inner, inode);
+            inode.size = inner.size;
         }
+    }
+
+    /// Brings a clean node's view up to the record `inode` just read: when another process
+    /// wrote the file back since (its generation moved), the pages cached of it are dropped;
+    /// the size becomes the record's (never smaller than this process's own, which a
+    /// write-back in flight is about to put in the record).
+    fn revalidate_clean(&self, inner: &mut NodeInner, inode: &Inode) {
+        debug_assert!(inner.dirty == 0 && !inner.meta_dirty);
+        if inode.generation != inner.generation {
+            self.drop_clean_pages(inner);
+            inner.generation = inode.generation;
+        }
+        inner.size = inner.size.max(inode.size);
+        inner.pool_size = inode.size;
+        inner.revalidated_at = Instant::now();
+    }
+
+    /// Drops the cached pages of a node that are neither dirty nor being written back.
+    fn drop_clean_pages(&self, inner: &mut NodeInner) {
+        let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.dirty && !p.in_flight).map(|(i, _)| i).collect();
+        for index in &clean {
+            inner.pages.remove(*index);
+        }
+        self.cache.pages.fetch_sub(clean.len(), Ordering::Relaxed);
+    }
+
+    /// A read at or past the end of a clean file open here: whether the pool's record says
+    /// another process made it longer since this process last looked (at most every
+    /// [`EOF_REVALIDATE_INTERVAL_MS`]); the view is brought up to it then.
+    fn grew_elsewhere(&self, node: &Arc<Node>) -> bool {
+        {
+            let inner = node.inner.lock();
+            let due = inner.revalidated_at.elapsed() >= Duration::from_millis(EOF_REVALIDATE_INTERVAL_MS);
+            if !due || inner.dirty > 0 || inner.meta_dirty || node.is_shared() || node.stale.load(Ordering::Acquire) {
+                return false;
+            }
+        }
+        let Ok((inode, _)) = self.load_inode(node.ino) else { return false };
+        let mut inner = node.inner.lock();
+        if inner.dirty > 0 || inner.meta_dirty {
+            return false;
+        }
+        let before = inner.size;
+        self.revalidate_clean(&mut inner, &inode);
+        inner.size > before
     }
 
     /// An explicit mtime replaces the pending one of buffered writes.
@@ -589,25 +649,29 @@ impl Fs {
         if node.is_shared() {
             return; // nothing of it is cached
         }
+        // No write-back of this node half done (its pages in the pool, the size not yet):
+        // clean then means all of it is in the record.
+        let _no_writeback = node.wb_lock.lock();
         let loaded = self.load_inode(ino).ok();
         let mut inner = node.inner.lock();
-        if loaded.as_ref().is_none_or(|(inode, _)| inode.generation != inner.generation) {
-            let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.dirty && !p.in_flight).map(|(i, _)| i).collect();
-            for index in &clean {
-                inner.pages.remove(*index);
-            }
-            self.cache.pages.fetch_sub(clean.len(), Ordering::Relaxed);
-        }
         match loaded {
-            Some((inode, _)) => {
-                inner.generation = inode.generation;
-                inner.pool_size = inode.size;
-                if inner.dirty == 0 && !inner.meta_dirty {
-                    inner.size = inode.size;
-                    node.stale.store(false, Ordering::Release);
-                }
+            Some((inode, _)) if inner.dirty == 0 && !inner.meta_dirty => {
+                self.revalidate_clean(&mut inner, &inode);
+                // Under a lock the record's size is the file's, shorter too.
+                inner.size = inode.size;
+                node.stale.store(false, Ordering::Release);
             }
-            None => node.stale.store(true, Ordering::Release),
+            Some((inode, _)) => {
+                if inode.generation != inner.generation {
+                    self.drop_clean_pages(&mut inner);
+                    inner.generation = inode.generation;
+                }
+                inner.pool_size = inode.size;
+            }
+            None => {
+                self.drop_clean_pages(&mut inner);
+                node.stale.store(true, Ordering::Release);
+            }
         }
     }
 
@@ -809,7 +873,8 @@ impl Fs {
             (inner.size, sequential)
         };
         if offset >= size {
-            return Ok(0);
+            // Once: the look just made is not due again for a while.
+            return if self.grew_elsewhere(node) { self.read(node, offset, buf) } else { Ok(0) };
         }
         let len = (buf.len() as u64).min(size - offset) as usize;
         let mut done = 0usize;

@@ -190,6 +190,33 @@ fn parallel_jobs_writing_one_redirected_file_lose_no_line() {
     assert_eq!(got, want, "lines lost or doubled under kura");
 }
 
+/// A reader that keeps a log open sees what another process appends to it (`tail -f`): its
+/// `fstat` shows the record's size when it has nothing unwritten of its own, and a read at
+/// the end looks at the record again (at most every 100 ms) and drops cached pages another
+/// process wrote since. (The reader saw the size and the end of file it opened the log with:
+/// 0 lines of 6, and `tail -f` printed nothing.)
+#[test]
+fn a_reader_keeping_a_log_open_sees_another_process_append() {
+    let env = Env::new();
+    let script = r#"cd /kura && : > log
+        ( for i in 1 2 3 4 5 6; do echo "line $i" >> log; sleep 0.2; done ) &
+        python3 -c '
+import os, time
+f = open("log", "rb")
+got = b""
+for _ in range(40):
+    got += f.read()
+    if got.count(b"\n") == 6:
+        break
+    time.sleep(0.1)
+print(os.fstat(f.fileno()).st_size, got.decode().split())'
+        wait"#;
+    assert_eq!(
+        env.sh(script),
+        "42 ['line', '1', 'line', '2', 'line', '3', 'line', '4', 'line', '5', 'line', '6']\n"
+    );
+}
+
 /// `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N` of a kura descriptor lead to the kura file,
 /// as on Linux: `echo two > /dev/stdout` under `> f` truncates and writes f, `>> /dev/stdout`
 /// appends, `cat /dev/fd/5` reads it. Compared with the kernel on a host directory. (They
