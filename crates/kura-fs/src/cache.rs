@@ -1273,6 +1273,14 @@ pub struct WritebackPause<'a> {
 }
 
 fn writeback_worker(fs: Weak<Fs>, pid: u32) {
+    // The program's signals go to its own threads, not to this one in the middle of a pass
+    // (a handler that writes back, as the preload's does, would wait for the pass forever).
+    // SAFETY: a full set blocks every signal this thread could be sent.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
     loop {
         let Some(strong) = fs.upgrade() else {
             return;

@@ -725,6 +725,8 @@ fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Op
     }
     // SAFETY: the caller's buffer is readable for `count` bytes (write(2)'s contract).
     let data = unsafe { std::slice::from_raw_parts(buf, count) };
+    // What this process writes survives SIGTERM and SIGHUP (see crate::signals).
+    crate::signals::ensure_service();
     let mode = match (flags & libc::O_DIRECT != 0, flags & libc::O_DSYNC != 0) {
         (false, false) => WriteMode::Buffered,
         (false, true) => WriteMode::Sync,
@@ -2327,7 +2329,7 @@ extern "C" fn h_sendfile(out_fd: c_int, in_fd: c_int, offset: *mut i64, count: u
 // process lifetime: exec, exit, vfork
 
 /// Writes back every dirty file of the process (visibility for the next image or process).
-fn writeback_before_leaving() {
+pub(crate) fn writeback_before_leaving() {
     if let Some(state) = state::get()
         && let Some(fs) = state.fs_if_open()
     {

@@ -40,6 +40,7 @@ mod fds;
 mod hooks;
 mod patch;
 mod paths;
+mod signals;
 mod sock;
 mod state;
 

@@ -92,6 +92,21 @@ impl ForkGate {
         }
     }
 
+    /// Closes the gate for good, for a process about to end: waits until no other thread is
+    /// inside a kura call, at most `limit`; `false` when some call did not finish in time.
+    /// Calls that come later wait at the gate until the process ends.
+    pub fn close_for_exit(&self, limit: std::time::Duration) -> bool {
+        self.closed.store(true, Ordering::SeqCst);
+        let started = std::time::Instant::now();
+        while self.calls.load(Ordering::SeqCst) != 0 {
+            if started.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(FORK_GATE_POLL);
+        }
+        true
+    }
+
     /// Opens the gate after `fork`, in the parent or in the child. The child has only the
     /// forking thread: its count is that thread's own (zero unless it forked inside a call).
     fn open(&self, in_child: bool) {
@@ -237,7 +252,10 @@ pub fn init() {
     // SAFETY: pthread_atfork takes three plain function pointers; ours never unwind.
     unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
     match crate::patch::install() {
-        Ok(()) => state.active.store(true, std::sync::atomic::Ordering::Release),
+        Ok(()) => {
+            state.active.store(true, std::sync::atomic::Ordering::Release);
+            crate::signals::install();
+        }
         Err(why) => crate::hooks::complain(&format!("libkura_fs: cannot patch libc ({why}); kura paths are unavailable")),
     }
 }
@@ -382,6 +400,7 @@ extern "C" fn atfork_child() {
         let Some(state) = get() else { return };
         drop(take_fork_guards());
         state.fork_gate.open(true);
+        crate::signals::forget_service();
         // None with an embedded engine, which a child cannot use at all.
         if let Some(fs) = state.fs_if_open() {
             // Before fork returns: the parent may close its descriptors right away.

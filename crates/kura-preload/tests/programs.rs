@@ -217,6 +217,37 @@ print(os.fstat(f.fileno()).st_size, got.decode().split())'
     );
 }
 
+/// What a process wrote survives its end by SIGTERM or SIGHUP, as the kernel's page cache
+/// survives a killed process (`timeout`, `kill`, a closed terminal): a reader that wrote a
+/// line and sleeps, and a writer killed in the middle of a loop of writes (whose file must
+/// hold whole records, at least those written before it was told to stop). The exit status
+/// stays the signal's. (Both lost everything written since the last write-back; the exit
+/// hook never runs.) KURA_FS_SIGNAL_WRITEBACK=0 shows the old behaviour.
+#[test]
+fn writes_survive_sigterm_and_sighup() {
+    let env = Env::new();
+    let script = r#"cd /kura
+        for sig in TERM HUP; do
+            python3 -c 'import sys, time
+f = open("out-" + sys.argv[1], "w"); f.write("important line\n"); f.flush(); time.sleep(30)' $sig &
+            p=$!; sleep 1; kill -$sig $p; wait $p; echo "$sig status $? $(cat out-$sig)"
+        done
+        python3 -c 'import os
+fd = os.open("busy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+n = 0
+while True:
+    os.write(fd, b"r" * 99 + b"\n"); n += 1
+    if n == 2000: open("started", "w").close()' &
+        p=$!; while [ ! -e started ]; do sleep 0.05; done
+        kill -TERM $p; wait $p; echo "busy status $?"
+        python3 -c 'd = open("busy", "rb").read()
+print(len(d) >= 200000, len(d) % 100, set(d.split(b"\n")[:-1]) == {b"r" * 99})'"#;
+    assert_eq!(
+        env.sh(&format!("{{ {script}; }} 2>/dev/null")),
+        "TERM status 143 important line\nHUP status 129 important line\nbusy status 143\nTrue 0 True\n"
+    );
+}
+
 /// `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N` of a kura descriptor lead to the kura file,
 /// as on Linux: `echo two > /dev/stdout` under `> f` truncates and writes f, `>> /dev/stdout`
 /// appends, `cat /dev/fd/5` reads it. Compared with the kernel on a host directory. (They
