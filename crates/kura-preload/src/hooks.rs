@@ -2557,6 +2557,8 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"execve", h_execve as *const () as usize),
     (c"_exit", h_exit as *const () as usize),
     (c"vfork", h_vfork as *const () as usize),
+    (c"sigaction", crate::signals::h_sigaction as *const () as usize),
+    (c"__sigaction", crate::signals::h_sigaction as *const () as usize),
     (c"opendir", crate::dir::h_opendir as *const () as usize),
     (c"fdopendir", crate::dir::h_fdopendir as *const () as usize),
     (c"closedir", crate::dir::h_closedir as *const () as usize),

@@ -1,14 +1,20 @@
-//! Written data survives `SIGTERM` and `SIGHUP`, as the kernel's page cache survives a killed
-//! process: a program under the preload keeps its buffered writes in its own page cache, and
-//! `timeout`, `kill`, `systemctl stop`, `docker stop` or a closed terminal ending it by a
-//! signal's default action would lose what it wrote in the last write-back interval (the
-//! `exit` hook never runs). For each of [`SIGNALS`] whose disposition is the default when the
-//! library loads, a handler is installed that has the process's dirty pages written back and
-//! then ends the process by the same signal, with the default action (the exit status is
-//! unchanged). A program that installs its own handler replaces it, and its own exit path
-//! writes back as before; `SIGINT` is left alone (Python and shells look whether it is the
-//! default to install theirs). `SIGKILL` cannot be caught: what a process killed by it wrote
+//! Written data survives `SIGTERM`, `SIGHUP` and `SIGINT`, as the kernel's page cache
+//! survives a killed process: a program under the preload keeps its buffered writes in its
+//! own page cache, and `timeout`, `kill`, `systemctl stop`, a closed terminal or Ctrl-C
+//! ending it by a signal's default action would lose what it wrote in the last write-back
+//! interval (the `exit` hook never runs). For each of [`SIGNALS`] whose disposition is the
+//! default when the library loads, a handler is installed that has the process's dirty pages
+//! written back and then ends the process by the same signal, with the default action (the
+//! exit status is unchanged). `SIGKILL` cannot be caught: what a process killed by it wrote
 //! since the last write-back is lost. `KURA_FS_SIGNAL_WRITEBACK=0` turns this off.
+//!
+//! The program never sees kura's handler: `sigaction` (and `signal`, which glibc builds on
+//! it) is hooked ([`h_sigaction`]) to report the default action where kura's stands in for it;
+//! a program that installs a handler or ignores the signal simply replaces it (Python
+//! installs `KeyboardInterrupt` for `SIGINT` only where it finds the default), and one that
+//! asks for the default action gets kura's again. The hook
+//! speaks the kernel's `rt_sigaction` itself, with a signal-return trampoline of its own, as
+//! glibc's `sigaction` does (the patched original cannot be called).
 //!
 //! A handler may only do async-signal-safe things, and the interrupted code may hold any
 //! lock (malloc's, the cache's). So the handler asks this process's write-back service
@@ -17,17 +23,146 @@
 //! (which may hold the locks the write-back needs), it returns at once and the service ends the
 //! process itself. Either way the service first waits for the kura calls in progress to
 //! finish and keeps new ones out ([`CALLS_FINISH_WAIT_MS`]), so a write is in the pool whole
-//! or not at all. The pipes and
-//! the service's process id live in statics: a signal handler cannot reach anything else.
+//! or not at all. The pipes, the service's process id and which signals carry kura's handler
+//! live in statics: a signal handler cannot reach anything else.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 use crate::hooks::{complain, raw};
 use crate::state;
 
 /// The signals whose default action is handled.
-pub const SIGNALS: [c_int; 2] = [libc::SIGTERM, libc::SIGHUP];
+pub const SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGHUP, libc::SIGINT];
+/// Signal numbers the kernel knows (1..=64).
+const SIGNAL_MAX: usize = 64;
+/// glibc's own signals (thread cancellation, setxid), which its `sigaction` refuses.
+const GLIBC_INTERNAL_SIGNALS: [c_int; 2] = [32, 33];
+
+/// Whether kura's handlers are wanted (`KURA_FS_SIGNAL_WRITEBACK` is not 0).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Whether kura's handler stands in for the default action of each signal (by number).
+static STANDS_IN: [AtomicBool; SIGNAL_MAX + 1] = [const { AtomicBool::new(false) }; SIGNAL_MAX + 1];
+
+/// The kernel's `struct sigaction` on x86-64 (`rt_sigaction(2)`; the mask is 64 bits).
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// `SA_RESTORER`: the kernel returns from a handler through `restorer` (x86-64 needs one).
+const SA_RESTORER: u64 = 0x0400_0000;
+
+// The signal-return trampoline glibc's `sigaction` installs too (`__restore_rt`): a handler
+// returns here and the kernel restores the interrupted context.
+std::arch::global_asm!(
+    ".globl kura_restore_rt",
+    ".type kura_restore_rt,@function",
+    "kura_restore_rt:",
+    "mov rax, 15", // rt_sigreturn
+    "syscall",
+);
+
+unsafe extern "C" {
+    fn kura_restore_rt();
+}
+
+/// `rt_sigaction` as glibc's `sigaction` calls it: `act` with kura's restorer.
+fn rt_sigaction(sig: c_int, act: Option<&KernelSigaction>, old: Option<&mut KernelSigaction>) -> Result<(), c_int> {
+    let act = act.map(|a| KernelSigaction { flags: a.flags | SA_RESTORER, restorer: kura_restore_rt as *const () as usize, ..*a });
+    let act_ptr = act.as_ref().map_or(std::ptr::null(), |a| a as *const KernelSigaction);
+    let old_ptr = old.map_or(std::ptr::null_mut(), |o| o as *mut KernelSigaction);
+    // SAFETY: both pointers are null or point to KernelSigaction values that live across the
+    // call; the size argument is the kernel's sigset size (8 bytes).
+    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, act_ptr, old_ptr, 8usize) };
+    if r < 0 { Err(raw_errno()) } else { Ok(()) }
+}
+
+fn raw_errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
+}
+
+/// `sigaction` (and `__sigaction`; `signal`, `sigset` and `bsd_signal` call it): the kernel's
+/// answer, except that where kura's handler stands in for the default action the program
+/// is told the default action, and setting any action replaces kura's.
+pub extern "C" fn h_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    if sig <= 0 || sig as usize > SIGNAL_MAX || GLIBC_INTERNAL_SIGNALS.contains(&sig) {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let stands_in = &STANDS_IN[sig as usize];
+    let kernel_act = (!act.is_null()).then(|| {
+        // SAFETY: the caller's struct sigaction (sigaction(2)'s contract).
+        let a = unsafe { &*act };
+        // SAFETY: sigset_t is plain memory at least 8 bytes long; its first word is the
+        // kernel's mask (what glibc copies).
+        let mask = unsafe { *(&a.sa_mask as *const libc::sigset_t).cast::<u64>() };
+        KernelSigaction { handler: a.sa_sigaction, flags: a.sa_flags as u32 as u64, restorer: 0, mask }
+    });
+    // The program asks for the default action of one of kura's signals: kura's handler
+    // gives it (after the write-back).
+    let kernel_act = match kernel_act {
+        Some(a) if a.handler == libc::SIG_DFL && ENABLED.load(Ordering::Acquire) && SIGNALS.contains(&sig) => {
+            let mut kernel_old = KernelSigaction::default();
+            let was_ours = stands_in.load(Ordering::Acquire);
+            if let Err(e) = rt_sigaction(sig, Some(&handler_action()), (!was_ours).then_some(&mut kernel_old)) {
+                set_errno(e);
+                return -1;
+            }
+            stands_in.store(true, Ordering::Release);
+            report(old, &kernel_old);
+            return 0;
+        }
+        other => other,
+    };
+    let mut kernel_old = KernelSigaction::default();
+    let result = if stands_in.load(Ordering::Acquire) {
+        // What the program would have: the default action (what kura's replaced).
+        match kernel_act.as_ref() {
+            Some(a) => rt_sigaction(sig, Some(a), None).map(|()| stands_in.store(false, Ordering::Release)),
+            None => Ok(()),
+        }
+    } else {
+        rt_sigaction(sig, kernel_act.as_ref(), (!old.is_null()).then_some(&mut kernel_old))
+    };
+    if let Err(e) = result {
+        set_errno(e);
+        return -1;
+    }
+    report(old, &kernel_old);
+    0
+}
+
+/// Fills the caller's `old` (when given) from the kernel's answer, as glibc does.
+fn report(old: *mut libc::sigaction, kernel_old: &KernelSigaction) {
+    if old.is_null() {
+        return;
+    }
+    // SAFETY: the caller's struct sigaction to fill (sigaction(2)'s contract); a restorer the
+    // kernel reports is a function address some `sigaction` call installed.
+    unsafe {
+        let o = &mut *old;
+        o.sa_sigaction = kernel_old.handler;
+        libc::sigemptyset(&mut o.sa_mask);
+        *(&mut o.sa_mask as *mut libc::sigset_t).cast::<u64>() = kernel_old.mask;
+        o.sa_flags = kernel_old.flags as c_int;
+        o.sa_restorer = (kernel_old.restorer != 0).then(|| std::mem::transmute::<usize, extern "C" fn()>(kernel_old.restorer));
+    }
+}
+
+/// Kura's handler as the kernel takes it.
+fn handler_action() -> KernelSigaction {
+    KernelSigaction { handler: on_signal as extern "C" fn(c_int) as usize, flags: libc::SA_RESTART as u64, restorer: 0, mask: 0 }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
 /// How long a handler waits for the write-back before it ends the process anyway.
 const WRITEBACK_WAIT_MS: c_int = 10_000;
 /// How long the service waits for kura calls in progress to finish before it writes back.
@@ -42,26 +177,19 @@ static DONE_FD: AtomicI32 = AtomicI32::new(-1);
 /// The process the service runs in (a forked child has none until it starts its own).
 static SERVICE_PID: AtomicU32 = AtomicU32::new(0);
 
-/// Installs the handlers (at load time).
+/// Installs the handlers (at load time, with the hooks in place: no program code ran yet).
 pub fn install() {
     if std::env::var("KURA_FS_SIGNAL_WRITEBACK").is_ok_and(|v| v == "0") {
         return;
     }
+    ENABLED.store(true, Ordering::Release);
     for sig in SIGNALS {
-        // SAFETY: a zeroed sigaction is a valid value; sigaction reads and writes only these.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: querying the current action into `old`.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 || old.sa_sigaction != libc::SIG_DFL {
+        let mut old = KernelSigaction::default();
+        if rt_sigaction(sig, None, Some(&mut old)).is_err() || old.handler != libc::SIG_DFL {
             continue;
         }
-        // SAFETY: as above.
-        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-        act.sa_sigaction = on_signal as extern "C" fn(c_int) as usize;
-        act.sa_flags = libc::SA_RESTART;
-        // SAFETY: `act.sa_mask` is ours to fill; then the handler is installed.
-        unsafe {
-            libc::sigemptyset(&mut act.sa_mask);
-            libc::sigaction(sig, &act, std::ptr::null_mut());
+        if rt_sigaction(sig, Some(&handler_action()), None).is_ok() {
+            STANDS_IN[sig as usize].store(true, Ordering::Release);
         }
     }
 }
@@ -203,12 +331,11 @@ extern "C" fn on_signal(sig: c_int) {
 
 /// Ends the process by `sig` with its default action (async-signal-safe calls only).
 fn die(sig: c_int) {
-    // SAFETY: sigaction, sigprocmask and kill are async-signal-safe; the structs are ours.
+    STANDS_IN[sig as usize].store(false, Ordering::Release);
+    let default = KernelSigaction { handler: libc::SIG_DFL, ..KernelSigaction::default() };
+    let _ = rt_sigaction(sig, Some(&default), None);
+    // SAFETY: sigprocmask and raise are async-signal-safe; the set is ours.
     unsafe {
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, sig);

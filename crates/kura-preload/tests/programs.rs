@@ -217,8 +217,9 @@ print(os.fstat(f.fileno()).st_size, got.decode().split())'
     );
 }
 
-/// What a process wrote survives its end by SIGTERM or SIGHUP, as the kernel's page cache
-/// survives a killed process (`timeout`, `kill`, a closed terminal): a reader that wrote a
+/// What a process wrote survives its end by SIGTERM or SIGHUP (and SIGINT: see the next
+/// test), as the kernel's page cache survives a killed process (`timeout`, `kill`, a closed
+/// terminal): a reader that wrote a
 /// line and sleeps, and a writer killed in the middle of a loop of writes (whose file must
 /// hold whole records, at least those written before it was told to stop). The exit status
 /// stays the signal's. (Both lost everything written since the last write-back; the exit
@@ -246,6 +247,32 @@ print(len(d) >= 200000, len(d) % 100, set(d.split(b"\n")[:-1]) == {b"r" * 99})'"
         env.sh(&format!("{{ {script}; }} 2>/dev/null")),
         "TERM status 143 important line\nHUP status 129 important line\nbusy status 143\nTrue 0 True\n"
     );
+}
+
+/// Kura's handlers for SIGTERM, SIGHUP and SIGINT are invisible: programs read the default
+/// action where kura's stands in (Python still installs KeyboardInterrupt), their own
+/// handlers and traps run (sh, bash, perl), and a program that asks for SIGINT's default
+/// action and is interrupted keeps what it wrote. Compared with the kernel's answers.
+#[test]
+fn signal_dispositions_look_like_the_kernels() {
+    let script = r#"cd "$1"
+        python3 -c 'import signal; print("py", signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP))'
+        python3 -c 'import signal, os, time
+try:
+    os.kill(os.getpid(), signal.SIGINT); time.sleep(1); print("no interrupt")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")'
+        python3 -c 'import signal, os, time
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+f = open("int-out", "w"); f.write("kept\n"); f.flush()
+os.kill(os.getpid(), signal.SIGINT); time.sleep(5)'
+        echo "status $? $(cat int-out)"
+        sh -c 'trap "echo trapped" TERM; kill -TERM $$; echo after'
+        bash -c 'trap "echo trapped-bash" HUP; kill -HUP $$; echo after-bash'
+        perl -e '$SIG{TERM} = sub { print "perl handler\n"; exit 3 }; kill "TERM", $$; sleep 2'; echo "perl status $?""#;
+    let (want, got) = kernel_and_kura(script);
+    assert!(want.starts_with("py True 0 0\nKeyboardInterrupt\nstatus 130 kept\n"), "{want}");
+    assert_eq!(got, want, "kura's signal answers differ from the kernel's");
 }
 
 /// `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N` of a kura descriptor lead to the kura file,
