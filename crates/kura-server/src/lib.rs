@@ -47,6 +47,7 @@ pub mod output;
 pub mod record;
 pub mod server;
 pub mod signals;
+pub mod socket;
 pub mod stats;
 pub mod store;
 #[cfg(test)]

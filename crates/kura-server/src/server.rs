@@ -8,7 +8,9 @@
 //! scrapes. The engine has its own sealer threads.
 //!
 //! Shutdown: stop accepting, let every worker answer what is in flight and
-//! close its connections, sync the store, close it, return.
+//! close each connection once its client has taken every reply (see
+//! `worker`; at most 5 s for a client that does not read), sync the store,
+//! close it, return.
 
 use std::io::{self, Write};
 use std::net::SocketAddr;

@@ -16,6 +16,17 @@
 //! [`WorkerLimits::output_high_bytes`] or its reads in flight exceed
 //! [`WorkerLimits::pending_reads_max`], so a client that pipelines without
 //! reading its replies cannot grow the server's memory.
+//!
+//! Shutdown ([`Worker::begin_drain`]): no new connections; each connection
+//! stops parsing, finishes the requests it started (their flash reads
+//! included) and hands every reply to the kernel. Then it *lingers*: its
+//! write side is shut and its input read and thrown away until the client
+//! has acknowledged every byte or sent EOF, and only then is it closed. A
+//! socket closed with input unread is reset by the kernel, which drops the
+//! replies it had not yet sent ([`crate::socket`]): a client that pipelined
+//! more than was parsed would get a reply cut in the middle. The worker
+//! stops when every connection is closed, or after [`DRAIN_TIMEOUT`] (a
+//! client that does not read) closes the rest anyway.
 
 use std::collections::VecDeque;
 use std::io::{self, Read};
@@ -49,6 +60,9 @@ const READS_PER_TURN: usize = 4;
 const IDLE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// How long shutdown waits for replies to drain before closing anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a shutting-down worker looks whether its lingering connections' clients have
+/// acknowledged everything (nothing signals it).
+const LINGER_CHECK_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Limits and policies each worker applies.
 #[derive(Debug, Clone)]
@@ -88,6 +102,9 @@ struct Conn {
     out: Output,
     /// Close once the queued replies are sent (quit, a closing error, shutdown).
     closing: bool,
+    /// Shutdown: every reply is with the kernel and the write side is shut; waiting for the
+    /// client to acknowledge them, input discarded (see the module docs).
+    lingering: bool,
     /// The client sent EOF: run what it sent, reply, then close.
     eof: bool,
     /// Parsing stopped at an incomplete request (so EOF leaves nothing to run).
@@ -201,10 +218,12 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let mut last_sweep = Instant::now();
         loop {
-            let timeout = if self.ready.is_empty() && !self.reads.has_ready() {
-                IDLE_SWEEP_INTERVAL
-            } else {
+            let timeout = if !self.ready.is_empty() || self.reads.has_ready() {
                 Duration::ZERO
+            } else if self.draining_since.is_some() {
+                LINGER_CHECK_INTERVAL
+            } else {
+                IDLE_SWEEP_INTERVAL
             };
             if let Err(error) = self.poll.poll(&mut events, Some(timeout))
                 && error.kind() != io::ErrorKind::Interrupted
@@ -246,6 +265,9 @@ impl Worker {
             self.submit_reads();
             self.sync_writes();
             self.flush_dirty();
+            if self.draining_since.is_some() {
+                self.advance_lingering();
+            }
             if last_sweep.elapsed() >= IDLE_SWEEP_INTERVAL {
                 last_sweep = Instant::now();
                 self.sweep_idle();
@@ -299,6 +321,7 @@ impl Worker {
                 swallow: 0,
                 out: Output::default(),
                 closing: false,
+                lingering: false,
                 eof: false,
                 peer_closed: false,
                 stalled: false,
@@ -423,6 +446,10 @@ impl Worker {
             let Some(conn) = self.conns[index].as_mut() else {
                 return;
             };
+            if conn.lingering {
+                self.linger(index);
+                return;
+            }
             if conn.closing
                 || conn.eof
                 || conn.blocked(&limits)
@@ -613,7 +640,10 @@ impl Worker {
         if let Err(error) = self.shared.store.sync_if_dirty() {
             tracing::error!(%error, "sync failed; closing the connections whose writes it covered");
             for index in 0..self.conns.len() {
-                if self.conns[index].as_ref().is_some_and(|c| c.unsynced || sync_requested) {
+                if self.conns[index]
+                    .as_ref()
+                    .is_some_and(|c| c.unsynced || sync_requested)
+                {
                     self.close(index);
                 }
             }
@@ -652,7 +682,11 @@ impl Worker {
             }
             let finished = conn.closing || (conn.eof && (conn.start == conn.end || conn.stalled));
             if finished && conn.out.is_empty() {
-                self.close(index);
+                if self.draining_since.is_some() {
+                    self.linger(index);
+                } else {
+                    self.close(index);
+                }
                 continue;
             }
             if before_blocked && !conn.blocked(&self.shared.limits) {
@@ -661,6 +695,45 @@ impl Worker {
         }
         self.dirty = dirty;
         self.dirty.clear();
+    }
+
+    /// Closes each lingering connection whose client took every reply.
+    fn advance_lingering(&mut self) {
+        for index in 0..self.conns.len() {
+            if self.conns[index].as_ref().is_some_and(|c| c.lingering) {
+                self.linger(index);
+            }
+        }
+    }
+
+    /// A shutting-down connection with every reply handed to the kernel: shuts its write side
+    /// (the client sees EOF after the last reply), throws away what it sends, and closes it
+    /// once it has acknowledged every byte or sent EOF. Closing before that, with input
+    /// unread, would reset the connection and drop the replies still in the socket.
+    fn linger(&mut self, index: usize) {
+        let Some(conn) = self.conns[index].as_mut() else {
+            return;
+        };
+        debug_assert!(conn.out.is_empty(), "lingers with every reply handed over");
+        if !conn.lingering {
+            conn.lingering = true;
+            if conn.stream.shutdown(std::net::Shutdown::Write).is_err() {
+                self.close(index);
+                return;
+            }
+        }
+        let done = match discard_input(conn) {
+            Discarded::Eof | Discarded::Failed => true,
+            // What arrives after this check and before the close may still reset the
+            // connection, but then the client has every reply already.
+            Discarded::Pending => match crate::socket::unacked_bytes(&conn.stream) {
+                Ok(unacked_bytes) => unacked_bytes == 0,
+                Err(_) => true,
+            },
+        };
+        if done {
+            self.close(index);
+        }
     }
 
     fn sweep_idle(&mut self) {
@@ -689,6 +762,31 @@ impl Worker {
             .curr_connections
             .fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+enum Discarded {
+    /// The client sent EOF: nothing unread can reset the connection.
+    Eof,
+    /// The socket failed (a reset, most likely).
+    Failed,
+    /// Everything arrived so far is read (or this turn's share of it).
+    Pending,
+}
+
+/// Reads and drops what a lingering connection's client sends, a bounded amount per turn.
+fn discard_input(conn: &mut Conn) -> Discarded {
+    conn.start = 0;
+    conn.end = 0;
+    for _ in 0..READS_PER_TURN {
+        match conn.stream.read(&mut conn.input) {
+            Ok(0) => return Discarded::Eof,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Discarded::Pending,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Discarded::Failed,
+        }
+    }
+    Discarded::Pending
 }
 
 enum ReadResult {
