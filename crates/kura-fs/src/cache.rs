@@ -199,11 +199,16 @@ pub struct Node {
 /// Held across one read or write of a shared node (see [`Fs::shared_io`]).
 pub struct SharedIoGuard<'a> {
     _turn: MutexGuard<'a, ()>,
-    /// The lock file and the byte locked in it.
+    _host: HostLock,
+}
+
+/// This process's turn at one inode among the processes of the host: a POSIX record lock on
+/// byte `ino` of the shared-file lock (none when there is no lock file).
+struct HostLock {
     locked: Option<(i32, u64)>,
 }
 
-impl Drop for SharedIoGuard<'_> {
+impl Drop for HostLock {
     fn drop(&mut self) {
         if let Some((fd, ino)) = self.locked {
             let _ = record_lock(fd, ino, libc::F_UNLCK);
@@ -247,6 +252,10 @@ struct NodeInner {
     /// When this process last compared its view with the pool's record (see
     /// [`Fs::revalidate_clean`]).
     revalidated_at: Instant,
+    /// Where this process's `O_APPEND` writes not yet written back start: they were placed at
+    /// the end this process knew, and the write-back moves them to the record's end if
+    /// another process appended meanwhile (see [`Fs::append`]).
+    append_base: Option<u64>,
     /// A failed write-back, reported by the next `fsync`/`close`.
     error: Option<FsError>,
 }
@@ -328,6 +337,7 @@ impl Node {
                 orphan: false,
                 last_read_end: u64::MAX,
                 revalidated_at: Instant::now(),
+                append_base: None,
                 error: None,
             }),
             wb_lock: Mutex::new(()),
@@ -604,15 +614,20 @@ impl Fs {
             return Ok(None);
         }
         let turn = node.shared_turn.lock();
+        Ok(Some(SharedIoGuard { _turn: turn, _host: self.host_lock(node.ino)? }))
+    }
+
+    /// Waits for this process's turn at inode `ino` among the processes of the host.
+    fn host_lock(&self, ino: u64) -> Result<HostLock> {
         let lock_fd = self.shared_io_lock.get_or_init(|| self.open_shared_io_lock()).as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
         let locked = match lock_fd {
             Some(fd) => {
-                record_lock(fd, node.ino, libc::F_WRLCK).map_err(|e| FsError::Io(format!("locking a shared file: {e}")))?;
-                Some((fd, node.ino))
+                record_lock(fd, ino, libc::F_WRLCK).map_err(|e| FsError::Io(format!("locking a shared file: {e}")))?;
+                Some((fd, ino))
             }
             None => None,
         };
-        Ok(Some(SharedIoGuard { _turn: turn, locked }))
+        Ok(HostLock { locked })
     }
 
     fn open_shared_io_lock(&self) -> Option<std::os::fd::OwnedFd> {
@@ -721,6 +736,10 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
+        if !node.is_shared() && node.inner.lock().append_base.is_some() {
+            // Appends waiting to be placed, and now a write elsewhere: place them first.
+            self.writeback(node)?;
+        }
         if node.is_shared() {
             // Straight to the pool, size and mtime too, so the other processes see it now.
             self.reload_shared_size(node)?;
@@ -738,7 +757,66 @@ impl Fs {
         Ok(data.len())
     }
 
+    /// An `O_APPEND` write: `data` at the end of the file, as Linux places it whichever
+    /// process appends. Returns where it went and its length. Buffered appends go into the
+    /// cache at the end this process knows (no round trip); its write-back then takes the
+    /// host's turn at the file and, if another process appended meanwhile, moves them to the
+    /// record's end ([`Fs::place_appends`]): concurrent `>> log` from many processes lose no
+    /// line. A shared node's append (see [`Fs::shared_io`]) and a direct one find the end in
+    /// the pool.
+    pub fn append(&self, node: &Arc<Node>, data: &[u8], mode: WriteMode) -> Result<(u64, usize)> {
+        if node.is_shared() || matches!(mode, WriteMode::Direct | WriteMode::DirectSync) {
+            let offset = self.size_of(node)?;
+            return Ok((offset, self.write(node, offset, data, mode)?));
+        }
+        self.refresh_if_stale(node)?;
+        if data.is_empty() {
+            return Ok((node.size(), 0));
+        }
+        let other_writes_waiting = {
+            let inner = node.inner.lock();
+            inner.append_base.is_none() && inner.dirty > 0
+        };
+        if other_writes_waiting {
+            // Out first, so that only appends lie past the base.
+            self.writeback(node)?;
+        }
+        // One append at a time in this process (each finds the end the last one left), and
+        // none while the write-back places them (it takes this turn after the node's
+        // write-back lock; nothing here takes that lock while holding the turn).
+        let (offset, room) = {
+            let _turn = node.shared_turn.lock();
+            let offset = {
+                let mut inner = node.inner.lock();
+                let end = inner.size;
+                inner.append_base.get_or_insert(end);
+                end
+            };
+            if offset.checked_add(data.len() as u64).is_none_or(|end| end > FILE_SIZE_BYTES_MAX) {
+                return Err(FsError::TooBig);
+            }
+            (offset, self.write_into_cache(node, offset, data)?)
+        };
+        if room {
+            self.make_room();
+        }
+        if mode == WriteMode::Sync {
+            self.fsync(node)?;
+        }
+        Ok((offset, data.len()))
+    }
+
     fn write_cached(&self, node: &Arc<Node>, offset: u64, data: &[u8]) -> Result<()> {
+        if self.write_into_cache(node, offset, data)? {
+            self.make_room();
+        }
+        Ok(())
+    }
+
+    /// [`Fs::write_cached`] but for making room: `true` when the cache went over its limit
+    /// and the caller must call [`Fs::make_room`] (which may wait for the write-back worker:
+    /// not while holding a node's append turn, which the worker's write-back takes).
+    fn write_into_cache(&self, node: &Arc<Node>, offset: u64, data: &[u8]) -> Result<bool> {
         let chunk = self.chunk as u64;
         let mut done = 0usize;
         let mut inserted = 0usize;
@@ -783,10 +861,7 @@ impl Fs {
             }
         }
         self.ensure_writeback_worker();
-        if inserted > 0 && self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max {
-            self.make_room();
-        }
-        Ok(())
+        Ok(inserted > 0 && self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max)
     }
 
     fn fetch_chunk(&self, ino: u64, index: u64) -> Result<Option<Vec<u8>>> {
@@ -799,6 +874,12 @@ impl Fs {
         if node.inner.lock().dirty > 0 {
             self.writeback(node)?;
         }
+        self.write_through(node, offset, data)
+    }
+
+    /// `data` at `offset` straight into the pool (partial chunks read, changed and written);
+    /// cached pages it covers are updated, the size and mtime left to write back.
+    fn write_through(&self, node: &Arc<Node>, offset: u64, data: &[u8]) -> Result<()> {
         let chunk = self.chunk as u64;
         let size = node.size();
         let end = offset + data.len() as u64;
@@ -976,7 +1057,72 @@ impl Fs {
     /// Writes every dirty page of `node` and its size and mtime to the pool (not flushed).
     pub fn writeback(&self, node: &Arc<Node>) -> Result<()> {
         let _one_at_a_time = node.wb_lock.lock();
-        self.writeback_locked(node)
+        self.writeback_held(node)
+    }
+
+    /// [`Fs::writeback`] with `node.wb_lock` held.
+    fn writeback_held(&self, node: &Arc<Node>) -> Result<()> {
+        let base = node.inner.lock().append_base;
+        match base {
+            // A shared node's appends find the end in the pool (and its turn is held by its
+            // reader or writer, which may be the caller): none wait here to be placed.
+            Some(_) if node.is_shared() => {
+                node.inner.lock().append_base = None;
+                self.writeback_locked(node)
+            }
+            Some(_) => {
+                let _turn = node.shared_turn.lock();
+                let base = node.inner.lock().append_base;
+                match base {
+                    Some(base) => self.place_appends(node, base),
+                    None => self.writeback_locked(node),
+                }
+            }
+            None => self.writeback_locked(node),
+        }
+    }
+
+    /// Writes back a node with appends waiting at `base` (see [`Fs::append`]), with the host's
+    /// turn at the file: where nobody else appended since, as any write-back; otherwise the
+    /// appended bytes move to the record's end (the chunk there read, changed and written),
+    /// the pages they sat in are dropped and this process's size becomes the new end.
+    fn place_appends(&self, node: &Arc<Node>, base: u64) -> Result<()> {
+        let _turn = self.host_lock(node.ino)?;
+        let (inode, _) = self.load_inode(node.ino).map_err(FsError::gone_is_stale)?;
+        let end = inode.size;
+        if end == base {
+            node.inner.lock().append_base = None;
+            return self.writeback_locked(node).inspect_err(|_| {
+                node.inner.lock().append_base.get_or_insert(base);
+            });
+        }
+        let chunk = self.chunk as u64;
+        let (bytes, mtime) = {
+            let mut inner = node.inner.lock();
+            let size = inner.size;
+            let mut bytes = vec![0u8; size.saturating_sub(base) as usize];
+            let mut at = base;
+            while at < size {
+                let (index, in_page) = (at / chunk, (at % chunk) as usize);
+                let n = (self.chunk - in_page).min((size - at) as usize);
+                if let Some(page) = inner.pages.get(index) {
+                    let from = (at - base) as usize;
+                    bytes[from..from + n].copy_from_slice(&page.data[in_page..in_page + n]);
+                }
+                at += n as u64;
+            }
+            self.drop_pages(&mut inner, base / chunk);
+            inner.append_base = None;
+            inner.size = end + bytes.len() as u64;
+            inner.meta_dirty = false;
+            (bytes, inner.mtime_ns.take())
+        };
+        tracing::debug!(ino = node.ino, from = base, to = end, bytes = bytes.len(), "appends moved to the end another process left");
+        let placed = self.write_through(node, end, &bytes).and_then(|()| self.write_back_meta(node, end + bytes.len() as u64, mtime.or(Some(coarse_now_ns()))));
+        if let Err(e) = &placed {
+            node.inner.lock().error = Some(e.clone());
+        }
+        placed
     }
 
     fn writeback_locked(&self, node: &Arc<Node>) -> Result<()> {
@@ -1127,7 +1273,7 @@ impl Fs {
         let node = self.nodes.lock().get(&ino).cloned();
         let _guard = node.as_ref().map(|n| n.wb_lock.lock());
         if let Some(node) = &node {
-            self.writeback_locked(node)?;
+            self.writeback_held(node)?;
         }
         let chunk = self.chunk as u64;
         let old_size = inode.size.max(node.as_ref().map_or(0, |n| n.size()));
@@ -1156,6 +1302,7 @@ impl Fs {
             }
             inner.size = size;
             inner.mtime_ns = None;
+            inner.append_base = None;
         }
         let now = now_ns();
         let updated = self.update_inode(ino, |i| {

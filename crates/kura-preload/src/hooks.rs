@@ -738,8 +738,13 @@ fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Op
         // Another process may write through this description too: its offset and the end
         // of file are read and moved under the shared-file lock.
         let _shared = fs.shared_io(node).map_err(fs_errno)?;
-        let offset = if flags & libc::O_APPEND != 0 { fs.size_of(node).map_err(fs_errno)? } else { at.unwrap_or_else(|| of.offset()) };
-        let n = fs.write(node, offset, data, mode).map_err(fs_errno)?;
+        let (offset, n) = if flags & libc::O_APPEND != 0 {
+            // At the end, whichever process appends (pwrite too, as on Linux).
+            fs.append(node, data, mode).map_err(fs_errno)?
+        } else {
+            let offset = at.unwrap_or_else(|| of.offset());
+            (offset, fs.write(node, offset, data, mode).map_err(fs_errno)?)
+        };
         if at.is_none() {
             of.set_offset(offset + n as u64);
         }
