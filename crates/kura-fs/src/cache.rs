@@ -313,6 +313,14 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// `TooBig` when `data` at `offset` would end past [`FILE_SIZE_BYTES_MAX`].
+fn check_extent(offset: u64, data: &[u8]) -> Result<()> {
+    match offset.checked_add(data.len() as u64) {
+        Some(end) if end <= FILE_SIZE_BYTES_MAX => Ok(()),
+        _ => Err(FsError::TooBig),
+    }
+}
+
 /// A coarse wall clock for mtimes of buffered writes (a vDSO read, no system call).
 fn coarse_now_ns() -> i64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -585,11 +593,7 @@ impl Fs {
             if inner.dirty > 0 || inner.meta_dirty {
                 continue;
             }
-            let clean: Vec<u64> = inner.pages.iter().filter(|(_, p)| !p.in_flight).map(|(i, _)| i).collect();
-            for index in &clean {
-                inner.pages.remove(*index);
-            }
-            self.cache.pages.fetch_sub(clean.len(), Ordering::Relaxed);
+            self.drop_clean_pages(&mut inner);
             node.stale.store(true, Ordering::Release);
         }
     }
@@ -728,29 +732,39 @@ impl Fs {
 
     /// Writes `data` at `offset` (`O_APPEND` callers pass the size). Returns bytes written.
     pub fn write(&self, node: &Arc<Node>, offset: u64, data: &[u8], mode: WriteMode) -> Result<usize> {
-        self.refresh_if_stale(node)?;
-        let end = offset.checked_add(data.len() as u64).ok_or(FsError::TooBig)?;
-        if end > FILE_SIZE_BYTES_MAX {
-            return Err(FsError::TooBig);
+        if node.is_shared() {
+            // Another process may have changed the size since: reloaded first.
+            self.reload_shared_size(node)?;
+            return self.write_shared(node, offset, data, mode);
         }
+        self.refresh_if_stale(node)?;
+        check_extent(offset, data)?;
         if data.is_empty() {
             return Ok(0);
         }
-        if !node.is_shared() && node.inner.lock().append_base.is_some() {
+        if node.inner.lock().append_base.is_some() {
             // Appends waiting to be placed, and now a write elsewhere: place them first.
             self.writeback(node)?;
         }
-        if node.is_shared() {
-            // Straight to the pool, size and mtime too, so the other processes see it now.
-            self.reload_shared_size(node)?;
-            self.write_direct(node, offset, data)?;
-            self.writeback(node)?;
-        } else {
-            match mode {
-                WriteMode::Buffered | WriteMode::Sync => self.write_cached(node, offset, data)?,
-                WriteMode::Direct | WriteMode::DirectSync => self.write_direct(node, offset, data)?,
-            }
+        match mode {
+            WriteMode::Buffered | WriteMode::Sync => self.write_cached(node, offset, data)?,
+            WriteMode::Direct | WriteMode::DirectSync => self.write_direct(node, offset, data)?,
         }
+        if matches!(mode, WriteMode::Sync | WriteMode::DirectSync) {
+            self.fsync(node)?;
+        }
+        Ok(data.len())
+    }
+
+    /// A write to a shared node (its size just reloaded): straight to the pool, size and
+    /// mtime too, so the other processes see it now.
+    fn write_shared(&self, node: &Arc<Node>, offset: u64, data: &[u8], mode: WriteMode) -> Result<usize> {
+        check_extent(offset, data)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        self.write_direct(node, offset, data)?;
+        self.writeback(node)?;
         if matches!(mode, WriteMode::Sync | WriteMode::DirectSync) {
             self.fsync(node)?;
         }
@@ -765,7 +779,12 @@ impl Fs {
     /// line. A shared node's append (see [`Fs::shared_io`]) and a direct one find the end in
     /// the pool.
     pub fn append(&self, node: &Arc<Node>, data: &[u8], mode: WriteMode) -> Result<(u64, usize)> {
-        if node.is_shared() || matches!(mode, WriteMode::Direct | WriteMode::DirectSync) {
+        if node.is_shared() {
+            self.reload_shared_size(node)?;
+            let offset = node.size();
+            return Ok((offset, self.write_shared(node, offset, data, mode)?));
+        }
+        if matches!(mode, WriteMode::Direct | WriteMode::DirectSync) {
             let offset = self.size_of(node)?;
             return Ok((offset, self.write(node, offset, data, mode)?));
         }
@@ -792,9 +811,7 @@ impl Fs {
                 inner.append_base.get_or_insert(end);
                 end
             };
-            if offset.checked_add(data.len() as u64).is_none_or(|end| end > FILE_SIZE_BYTES_MAX) {
-                return Err(FsError::TooBig);
-            }
+            check_extent(offset, data)?;
             (offset, self.write_into_cache(node, offset, data)?)
         };
         if room {
@@ -1422,12 +1439,7 @@ pub struct WritebackPause<'a> {
 fn writeback_worker(fs: Weak<Fs>, pid: u32) {
     // The program's signals go to its own threads, not to this one in the middle of a pass
     // (a handler that writes back, as the preload's does, would wait for the pass forever).
-    // SAFETY: a full set blocks every signal this thread could be sent.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-    }
+    crate::block_signals_in_this_thread();
     loop {
         let Some(strong) = fs.upgrade() else {
             return;

@@ -84,6 +84,18 @@ pub fn process_id() -> u32 {
     pid
 }
 
+/// Blocks every signal in the calling thread, a thread of kura's own: the program's signals
+/// are handled by its threads, never by one in the middle of kura's work.
+pub fn block_signals_in_this_thread() {
+    // SAFETY: a full set blocks every signal this thread could be sent; both calls only read
+    // and write the set given.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
 /// A number telling file system instances of one process apart (from the time and the
 /// instance's address).
 fn instance_id(me: &std::sync::Weak<Fs>) -> u32 {

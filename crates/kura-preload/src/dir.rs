@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_long, c_void};
 
-use crate::hooks::{self, errno};
+use crate::hooks::{self, errno, set_errno};
 
 /// Bytes of directory entries read per `getdents64`.
 const DIR_BUF_BYTES: usize = 32 << 10;
@@ -22,10 +22,6 @@ pub struct KDir {
     buf: [u8; DIR_BUF_BYTES],
 }
 
-fn set_errno(e: i32) {
-    // SAFETY: this thread's errno.
-    unsafe { *libc::__errno_location() = e };
-}
 
 /// `getdents64` for any descriptor.
 fn getdents(fd: c_int, buf: *mut u8, count: usize) -> c_long {

@@ -96,7 +96,7 @@ pub fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
-fn set_errno(e: i32) {
+pub(crate) fn set_errno(e: i32) {
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = e };
 }

@@ -29,7 +29,7 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
-use crate::hooks::{complain, raw};
+use crate::hooks::{complain, errno, raw, set_errno};
 use crate::state;
 
 /// The signals whose default action is handled.
@@ -79,11 +79,7 @@ fn rt_sigaction(sig: c_int, act: Option<&KernelSigaction>, old: Option<&mut Kern
     // SAFETY: both pointers are null or point to KernelSigaction values that live across the
     // call; the size argument is the kernel's sigset size (8 bytes).
     let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, act_ptr, old_ptr, 8usize) };
-    if r < 0 { Err(raw_errno()) } else { Ok(()) }
-}
-
-fn raw_errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
+    if r < 0 { Err(errno()) } else { Ok(()) }
 }
 
 /// `sigaction` (and `__sigaction`; `signal`, `sigset` and `bsd_signal` call it): the kernel's
@@ -159,10 +155,6 @@ fn handler_action() -> KernelSigaction {
     KernelSigaction { handler: on_signal as extern "C" fn(c_int) as usize, flags: libc::SA_RESTART as u64, restorer: 0, mask: 0 }
 }
 
-fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns this thread's errno.
-    unsafe { *libc::__errno_location() = e };
-}
 /// How long a handler waits for the write-back before it ends the process anyway.
 const WRITEBACK_WAIT_MS: c_int = 10_000;
 /// How long the service waits for kura calls in progress to finish before it writes back.
@@ -251,12 +243,7 @@ fn pipe() -> Option<(c_int, c_int)> {
 /// The service thread: every signal blocked (so none is handled here, inside kura code);
 /// each request byte is one write-back of every dirty file, answered with one byte.
 fn serve(requests: c_int, done: c_int) {
-    // SAFETY: a full set blocks every signal this thread could be sent.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-    }
+    kura_fs::block_signals_in_this_thread();
     let mut byte = [0u8; 1];
     loop {
         // SAFETY: reading one byte into our buffer.
