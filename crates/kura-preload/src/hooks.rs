@@ -626,6 +626,74 @@ extern "C" fn h_close(fd: c_int) -> c_int {
     })
 }
 
+/// `close_range(2)` (and glibc's `closefrom`, which calls it): a program closing "every
+/// descriptor from N up" before an `exec` or after a `fork` (Python's `subprocess`, daemons)
+/// closes its kura descriptors as `close` would, and leaves kura's own ones alone: the pool's
+/// connections, the engine's files and the lock files live at or above
+/// [`kura_engine::fd::high_base`], close-on-exec, so the `exec` that usually follows closes them
+/// anyway, and until then the exec itself (of a kura file: read from the pool) needs them.
+/// A close-on-exec descriptor of the program's own that high is kept open too.
+extern "C" fn h_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    guard(-1, || {
+        let kernel = |first: c_uint, last: c_uint| {
+            // SAFETY: close_range takes integers.
+            unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+        };
+        let known = libc::CLOSE_RANGE_UNSHARE | libc::CLOSE_RANGE_CLOEXEC;
+        let Some(state) = active() else { return kernel(first, last) };
+        if first > last || flags as c_uint & !known != 0 {
+            return kernel(first, last);
+        }
+        let in_range = |fd: c_int| fd >= 0 && (first..=last).contains(&(fd as c_uint));
+        let cloexec_only = flags as c_uint & libc::CLOSE_RANGE_CLOEXEC != 0;
+        if !cloexec_only {
+            if flags as c_uint & libc::CLOSE_RANGE_UNSHARE != 0 {
+                // Unshare first, so that the kura descriptors closed below are this table's.
+                // SAFETY: unshare takes an integer.
+                if unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_FILES) } < 0 {
+                    return -1;
+                }
+            }
+            for (fd, _) in state.fds.all().into_iter().filter(|(fd, _)| in_range(*fd)) {
+                if let Some(of) = state.fds.remove(fd) {
+                    raw::close(fd);
+                    let _ = final_release(state, of);
+                }
+            }
+        }
+        let base = kura_engine::fd::high_base();
+        let kept: Vec<c_int> = {
+            let _busy = Busy::enter();
+            open_descriptors_from(base.max(first.min(c_int::MAX as c_uint) as c_int))
+                .into_iter()
+                .filter(|&fd| in_range(fd) && raw::fcntl(fd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC != 0))
+                .collect()
+        };
+        // The range minus the kept descriptors, in pieces.
+        let mut from = first;
+        for fd in kept {
+            let fd = fd as c_uint;
+            if fd > from && kernel(from, fd - 1) < 0 {
+                return -1;
+            }
+            from = fd.saturating_add(1);
+            if fd == c_uint::MAX {
+                return 0;
+            }
+        }
+        if from <= last { kernel(from, last) } else { 0 }
+    })
+}
+
+/// This process's open descriptors at or above `from`, in order (from `/proc/self/fd`; none
+/// when it cannot be read).
+fn open_descriptors_from(from: c_int) -> Vec<c_int> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut fds: Vec<c_int> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd >= from).collect();
+    fds.sort_unstable();
+    fds
+}
+
 fn install_dup(state: &State, of: Arc<OpenFile>, newfd: c_long) -> c_int {
     if newfd >= 0
         && let Some(prev) = state.fds.install(newfd as c_int, of)
@@ -1227,7 +1295,7 @@ pub(crate) fn lock_files_before_fork(state: &State) {
 /// description does (no `FD_CLOEXEC`), so that a lock taken through an inherited descriptor
 /// (`exec 9>f; flock 9` runs flock(1) in a new image) is held by the description, not by
 /// the image that took it.
-fn lock_files_across_exec(state: &State) {
+pub(crate) fn lock_files_across_exec(state: &State) {
     let mut lock_fds: Vec<(c_int, bool)> = Vec::new();
     for (fd, of) in state.fds.all() {
         let Some(lfd) = *of.lock_fd.lock() else { continue };
@@ -1746,7 +1814,7 @@ extern "C" fn h_readlink(path: *const c_char, buf: *mut c_char, size: usize) -> 
     h_readlinkat(libc::AT_FDCWD, path, buf, size)
 }
 
-fn check_access(inode: &Inode, mode: c_int, effective: bool) -> Result<c_int, i32> {
+pub(crate) fn check_access(inode: &Inode, mode: c_int, effective: bool) -> Result<c_int, i32> {
     if mode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
         return Err(libc::EINVAL);
     }
@@ -2345,104 +2413,6 @@ pub(crate) fn writeback_before_leaving() {
     }
 }
 
-/// `envp` with `KURA_FS_CWD` set to the virtual working directory (or removed).
-fn env_with_cwd(envp: *const *const c_char, cwd: Option<&[u8]>) -> (Vec<Vec<u8>>, Vec<*const c_char>) {
-    let mut owned: Vec<Vec<u8>> = Vec::new();
-    let mut ptrs: Vec<*const c_char> = Vec::new();
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: execve's contract: a NULL-terminated array of C strings.
-            let p = unsafe { *envp.add(i) };
-            if p.is_null() {
-                break;
-            }
-            // SAFETY: as above.
-            let s = unsafe { bytes(p) }.unwrap_or_default();
-            if !s.starts_with(b"KURA_FS_CWD=") {
-                ptrs.push(p);
-            }
-            i += 1;
-        }
-    }
-    if let Some(cwd) = cwd {
-        let mut var = b"KURA_FS_CWD=".to_vec();
-        var.extend_from_slice(cwd);
-        var.push(0);
-        owned.push(var);
-        ptrs.push(owned.last().expect("pushed").as_ptr().cast());
-    }
-    ptrs.push(std::ptr::null());
-    (owned, ptrs)
-}
-
-/// A kura executable: copied into a memfd the kernel can execute.
-fn exec_image(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8]) -> Result<c_int, i32> {
-    let ino = match resolve(state, fs, start, rel, true)? {
-        Resolved::Found { entry, .. } => entry.ino,
-        _ => return Err(libc::ENOENT),
-    };
-    let inode = fs.getattr(ino).map_err(fs_errno)?;
-    if inode.mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(libc::EACCES);
-    }
-    check_access(&inode, libc::X_OK, true)?;
-    let node = fs.open_node(&inode).map_err(fs_errno)?;
-    let fd = raw::memfd_create(b"kura-exec\0", 0)?;
-    let mut at = 0u64;
-    let mut buf = vec![0u8; COPY_STEP_BYTES];
-    loop {
-        let n = fs.read(&node, at, &mut buf).map_err(fs_errno)?;
-        if n == 0 {
-            break;
-        }
-        // SAFETY: writing our buffer to our memfd.
-        unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf.as_ptr(), n, at as i64) };
-        at += n as u64;
-    }
-    let _ = fs.release(&node);
-    Ok(fd)
-}
-
-extern "C" fn h_execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-    guard(-1, || {
-        let Some(state) = state::get() else {
-            // SAFETY: passing the caller's arguments to the kernel.
-            return unsafe { libc::syscall(libc::SYS_execve, path, argv, envp) as c_int };
-        };
-        writeback_before_leaving();
-        lock_files_across_exec(state);
-        let cwd = state.cwd.read().clone();
-        // SAFETY: execve's contract.
-        let has_cwd_var = !envp.is_null() && (0..).map_while(|i| {
-            // SAFETY: a NULL-terminated array.
-            let p = unsafe { *envp.add(i) };
-            (!p.is_null()).then_some(p)
-        }).any(|p| {
-            // SAFETY: C strings of the array.
-            unsafe { bytes(p) }.is_some_and(|s| s.starts_with(b"KURA_FS_CWD="))
-        });
-        let (_owned, env) = env_with_cwd(envp, cwd.as_deref());
-        let envp2 = if cwd.is_some() || has_cwd_var { env.as_ptr() } else { envp };
-        // SAFETY: libc's contract.
-        if let Some(p) = unsafe { bytes(path) }
-            && !state::busy()
-            && let Ok(Target::Kura { start, rel, .. }) = classify(state, libc::AT_FDCWD, p)
-        {
-            let fd = match with_fs(state, |fs| exec_image(state, fs, start, &rel)) {
-                Ok(fd) => fd,
-                Err(e) => return ret_int(Err(e)),
-            };
-            // SAFETY: executing our memfd with the caller's argv and environment.
-            let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp2, libc::AT_EMPTY_PATH) as c_int };
-            raw::close(fd);
-            return r;
-        }
-        // SAFETY: passing the caller's arguments (and our environment copy) to the kernel.
-        unsafe { libc::syscall(libc::SYS_execve, path, argv, envp2) as c_int }
-    })
-}
-
 extern "C" fn h_exit(status: c_int) -> ! {
     let _ = std::panic::catch_unwind(writeback_before_leaving);
     // SAFETY: exit_group ends the process; it does not return.
@@ -2473,6 +2443,7 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"creat", h_creat as *const () as usize),
     (c"creat64", h_creat as *const () as usize),
     (c"close", h_close as *const () as usize),
+    (c"close_range", h_close_range as *const () as usize),
     (c"__close_nocancel", h_close as *const () as usize),
     (c"dup", h_dup as *const () as usize),
     (c"dup2", h_dup2 as *const () as usize),
@@ -2559,7 +2530,9 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"mmap64", h_mmap as *const () as usize),
     (c"copy_file_range", h_copy_file_range as *const () as usize),
     (c"sendfile64", h_sendfile as *const () as usize),
-    (c"execve", h_execve as *const () as usize),
+    (c"execve", crate::exec::h_execve as *const () as usize),
+    (c"execveat", crate::exec::h_execveat as *const () as usize),
+    (c"fexecve", crate::exec::h_fexecve as *const () as usize),
     (c"_exit", h_exit as *const () as usize),
     (c"vfork", h_vfork as *const () as usize),
     (c"sigaction", crate::signals::h_sigaction as *const () as usize),

@@ -487,6 +487,67 @@ fn tar_create_and_extract() {
     ));
 }
 
+/// Executing kura files runs them as the kernel runs its own: `#!` scripts (with an argument,
+/// whose interpreter is a kura symlink to the host's python3, or itself a script), a kura
+/// symlink to a host binary, a file without `#!` (the shell runs it), a missing interpreter, a
+/// file without execute permission, and `fexecve` of a kura binary. Compared with the kernel
+/// on a host directory. (A kura symlink leading out of the mount and a script whose
+/// interpreter is a kura path failed with "required file not found": a virtualenv in /kura
+/// could not run its python.)
+#[test]
+fn scripts_and_symlinks_run_from_kura_paths_as_the_kernel_runs_them() {
+    let script = r#"cd "$1"
+        printf '#!/bin/sh\necho "sh:$0:$#:$*"\n' > s.sh; chmod +x s.sh; ./s.sh a 'b c'; "$PWD/s.sh" | sed "s|$PWD|.|"
+        ln -s /bin/echo ech; ./ech via-symlink
+        mkdir bin; ln -s "$(python3 -c 'import sys; print(sys.executable)')" bin/py
+        printf '#!%s/bin/py\nimport sys; print("py", [a.rsplit("/", 1)[-1] for a in sys.argv])\n' "$PWD" > p.py
+        chmod +x p.py; ./p.py x
+        printf '#!%s/p.py -o\n' "$PWD" > nested; chmod +x nested; ./nested q
+        printf '#!/bin/sh -eu\necho "flags $-"\n' > f.sh; chmod +x f.sh; ./f.sh
+        printf 'echo no-shebang\n' > plain; chmod +x plain; ./plain
+        printf '#!/nonexistent/interp\n' > bad; chmod +x bad; ./bad 2>/dev/null; echo "bad $?"
+        printf '#!/bin/sh\necho never\n' > noexec; ./noexec 2>/dev/null; echo "noexec $?"
+        cp /bin/echo e2
+        python3 -c 'import os; fd = os.open("e2", os.O_RDONLY); os.execve(fd, ["e2", "fexecve"], {})'
+        ls /proc/self/fd | wc -l"#;
+    let (want, got) = kernel_and_kura(script);
+    assert!(want.contains("py ['p.py', '-o', 'nested', 'q']"), "{want}");
+    assert_eq!(got, want);
+}
+
+/// Python's `subprocess` closes every descriptor above the ones it passes (`close_range`)
+/// before it executes the child: kura's own (the pool's connections) stay until the exec,
+/// which reads a kura program through them, and a kura descriptor passed on (`pass_fds`)
+/// reaches the child. A virtualenv made in /kura (whose `ensurepip` runs
+/// `/kura/venv/bin/python3` that way) works: pip runs from it. (The exec failed with EIO.)
+#[test]
+fn python_subprocess_and_a_virtualenv_run_kura_programs() {
+    let env = Env::new();
+    let out = env.sh(
+        r#"set -e; cd /kura
+        printf '#!/bin/sh\necho "child $1"; cat /kura/in\n' > run.sh; chmod +x run.sh; echo data > in
+        python3 -c '
+import os, subprocess
+r = subprocess.run(["/kura/run.sh", "1"], capture_output=True, text=True, check=True)
+print(r.stdout, end="")
+with open("/kura/kept", "w") as f:
+    f.write("before\n"); f.flush()
+    subprocess.run(["sh", "-c", "echo from-child >&%d" % f.fileno()], pass_fds=[f.fileno()], check=True)
+print(open("/kura/kept").read(), end="")
+'
+        python3 -m venv /kura/venv
+        /kura/venv/bin/python -c 'import sys; print(sys.prefix)'
+        /kura/venv/bin/pip --version | cut -d' ' -f1,4"#,
+    );
+    assert_eq!(out, "child 1\ndata\nbefore\nfrom-child\n/kura/venv\npip /kura/venv/lib/python3.11/site-packages/pip\n".replace("python3.11", &python_lib_dir()));
+}
+
+/// `python3.X`, the directory name of this python's library.
+fn python_lib_dir() -> String {
+    let out = std::process::Command::new("python3").args(["-c", "import sys; print('python%d.%d' % sys.version_info[:2])"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[test]
 fn python_os_shutil_pathlib_round_trip() {
     let env = Env::new();

@@ -1,0 +1,339 @@
+//! `execve`, `execveat` and `fexecve` of kura files.
+//!
+//! The kernel cannot see kura paths, so an exec whose file is kura's is done here:
+//! - a binary is copied into a close-on-exec `memfd` and run with `execveat(AT_EMPTY_PATH)`;
+//! - a `#!` script is run the way the kernel runs one (`binfmt_script`): its interpreter,
+//!   then the line's optional argument, then the script's path as the caller gave it, then the
+//!   caller's `argv[1..]`. The interpreter (the preload is in it) opens the script by its kura
+//!   path; a kura interpreter (`#!/kura/venv/bin/python3`) is exec'd the same way, up to
+//!   [`EXEC_INTERPRETERS_MAX`] levels;
+//! - a kura symlink that leads out of the mount (a virtualenv's `bin/python3 ->
+//!   /usr/bin/python3`) runs the kernel's file it leads to.
+//!
+//! A script of the kernel's whose interpreter is a kura path is run the same way; every other
+//! exec goes to the kernel untouched (with the virtual working directory in the environment).
+
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
+
+use kura_fs::Fs;
+use kura_fs::path::Resolved;
+
+use crate::hooks::{check_access, fs_errno, guard, raw, resolve, ret_int, with_fs, writeback_before_leaving};
+use crate::paths::{Target, bytes, c_path, classify};
+use crate::state::{self, State};
+
+/// How many `#!` interpreters one exec follows before `ELOOP` (the kernel's binfmt
+/// rewrites stop at 5 levels; four interpreters plus the binary).
+pub const EXEC_INTERPRETERS_MAX: usize = 4;
+/// The longest `#!` line read, as the kernel's (`BINPRM_BUF_SIZE`).
+pub const SHEBANG_LINE_BYTES_MAX: usize = 256;
+/// Bytes copied per step from a kura binary into its memfd.
+const IMAGE_COPY_STEP_BYTES: usize = 128 << 10;
+
+/// A `#!` line: the interpreter and its one optional argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shebang {
+    pub interpreter: Vec<u8>,
+    pub argument: Option<Vec<u8>>,
+}
+
+/// Parses the start of a file as the kernel's `binfmt_script` does: `None` when it is not a
+/// script; `Err(ENOEXEC)` for a `#!` line with no interpreter, or whose interpreter the
+/// [`SHEBANG_LINE_BYTES_MAX`]-byte buffer may have cut (no newline, space, tab or end of file
+/// after it). Everything after the interpreter, spaces and tabs trimmed at both ends, is one
+/// argument; a NUL ends the line, as in the kernel's C strings.
+pub fn parse_shebang(head: &[u8]) -> Result<Option<Shebang>, i32> {
+    let head = &head[..head.len().min(SHEBANG_LINE_BYTES_MAX)];
+    let Some(rest) = head.strip_prefix(b"#!") else { return Ok(None) };
+    // The kernel's buffer is zero-filled past the end of a short file: that NUL ends the line.
+    let (line, ended) = match rest.iter().position(|&b| b == b'\n' || b == 0) {
+        Some(end) => (&rest[..end], true),
+        None => (rest, head.len() < SHEBANG_LINE_BYTES_MAX),
+    };
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = line.iter().position(|b| !blank(b)).unwrap_or(line.len());
+    let line = &line[start..];
+    if line.is_empty() || (!ended && !line.iter().any(blank)) {
+        return Err(libc::ENOEXEC);
+    }
+    let end = line.iter().rposition(|b| !blank(b)).map_or(0, |i| i + 1);
+    let line = &line[..end];
+    let interp_end = line.iter().position(blank).unwrap_or(line.len());
+    let interpreter = line[..interp_end].to_vec();
+    let arg = &line[interp_end..];
+    let arg_start = arg.iter().position(|b| !blank(b)).unwrap_or(arg.len());
+    let arg = &arg[arg_start..];
+    Ok(Some(Shebang { interpreter, argument: (!arg.is_empty()).then(|| arg.to_vec()) }))
+}
+
+/// What an exec of one path runs.
+enum ExecTarget {
+    /// The kernel's file at this path (NUL-terminated).
+    Kernel(Vec<u8>),
+    /// A kura binary copied into this memfd (close-on-exec).
+    Image(c_int),
+    /// A kura `#!` script.
+    Script(Shebang),
+}
+
+/// The exec target of kura inode `ino`.
+fn kura_target(fs: &Arc<Fs>, ino: u64) -> Result<ExecTarget, i32> {
+    let inode = fs.getattr(ino).map_err(fs_errno)?;
+    if inode.mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(libc::EACCES);
+    }
+    check_access(&inode, libc::X_OK, true)?;
+    let node = fs.open_node(&inode).map_err(fs_errno)?;
+    let target = copy_image(fs, &node);
+    let _ = fs.release(&node);
+    target
+}
+
+fn copy_image(fs: &Arc<Fs>, node: &Arc<kura_fs::Node>) -> Result<ExecTarget, i32> {
+    let mut buf = vec![0u8; IMAGE_COPY_STEP_BYTES];
+    let mut n = fs.read(node, 0, &mut buf).map_err(fs_errno)?;
+    if let Some(shebang) = parse_shebang(&buf[..n])? {
+        return Ok(ExecTarget::Script(shebang));
+    }
+    let fd = raw::memfd_create(b"kura-exec\0", libc::MFD_CLOEXEC)?;
+    let mut at = 0u64;
+    while n > 0 {
+        // SAFETY: writing our buffer to our memfd.
+        let w = unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf.as_ptr(), n, at as i64) };
+        if w != n as i64 {
+            raw::close(fd);
+            return Err(libc::EIO);
+        }
+        at += n as u64;
+        n = fs.read(node, at, &mut buf).map_err(fs_errno)?;
+    }
+    Ok(ExecTarget::Image(fd))
+}
+
+/// The exec target of `path` (not NUL-terminated) relative to `dirfd`.
+fn target_of(state: &State, dirfd: c_int, path: &[u8]) -> Result<ExecTarget, i32> {
+    match classify(state, dirfd, path)? {
+        Target::Kernel if dirfd == libc::AT_FDCWD || path.first() == Some(&b'/') => Ok(ExecTarget::Kernel(c_path(path))),
+        // A path relative to a kernel directory descriptor: the caller's execveat stands.
+        Target::Kernel => Err(libc::ENOTSUP),
+        Target::KernelAbs(abs) => Ok(ExecTarget::Kernel(abs)),
+        Target::Kura { start, rel, .. } => with_fs(state, |fs| match resolve(state, fs, start, &rel, true)? {
+            Resolved::Found { entry, .. } => kura_target(fs, entry.ino),
+            Resolved::Outside(abs) => Ok(ExecTarget::Kernel(c_path(&abs))),
+            Resolved::Missing { .. } => Err(libc::ENOENT),
+        }),
+    }
+}
+
+/// The `#!` line of the kernel's file at `path` (NUL-terminated) when its interpreter is a
+/// kura path: the kernel could not find that interpreter.
+fn kernel_script_with_kura_interpreter(state: &State, path: &[u8]) -> Option<Shebang> {
+    // SAFETY: path is NUL-terminated; a read-only, non-blocking open of the caller's file.
+    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if fd < 0 {
+        return None;
+    }
+    let mut head = [0u8; SHEBANG_LINE_BYTES_MAX];
+    // SAFETY: reading into our buffer.
+    let n = unsafe { libc::syscall(libc::SYS_read, fd, head.as_mut_ptr(), head.len()) };
+    raw::close(fd as c_int);
+    let shebang = parse_shebang(&head[..usize::try_from(n).ok()?]).ok()??;
+    matches!(classify(state, libc::AT_FDCWD, &shebang.interpreter), Ok(Target::Kura { .. })).then_some(shebang)
+}
+
+/// The caller's `argv` as owned strings.
+fn collect_argv(argv: *const *const c_char) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    if argv.is_null() {
+        return out;
+    }
+    for i in 0.. {
+        // SAFETY: execve's contract: a NULL-terminated array of C strings.
+        let p = unsafe { *argv.add(i) };
+        if p.is_null() {
+            break;
+        }
+        // SAFETY: as above.
+        out.push(unsafe { bytes(p) }.unwrap_or_default().to_vec());
+    }
+    out
+}
+
+/// Runs the exec: `Err(errno)` when it failed (success does not return).
+fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> Result<c_int, i32> {
+    let mut dirfd = dirfd;
+    let mut path = path.to_vec();
+    // The argv after following scripts (owned), or the caller's.
+    let mut args: Option<Vec<Vec<u8>>> = None;
+    for _ in 0..=EXEC_INTERPRETERS_MAX {
+        let target = target_of(state, dirfd, &path)?;
+        let script = match &target {
+            ExecTarget::Script(s) => Some(s.clone()),
+            ExecTarget::Kernel(abs) => kernel_script_with_kura_interpreter(state, abs),
+            ExecTarget::Image(_) => None,
+        };
+        if let Some(Shebang { interpreter, argument }) = script {
+            let old = args.take().unwrap_or_else(|| collect_argv(argv));
+            let mut new = vec![interpreter.clone()];
+            new.extend(argument);
+            new.push(path);
+            new.extend(old.into_iter().skip(1));
+            args = Some(new);
+            path = interpreter;
+            dirfd = libc::AT_FDCWD;
+            continue;
+        }
+        let owned: Option<Vec<Vec<u8>>> = args.as_ref().map(|a| a.iter().map(|s| c_path(s)).collect());
+        let mut ptrs: Vec<*const c_char> = Vec::new();
+        let argv = match &owned {
+            Some(owned) => {
+                ptrs.extend(owned.iter().map(|s| s.as_ptr().cast::<c_char>()));
+                ptrs.push(std::ptr::null());
+                ptrs.as_ptr()
+            }
+            None => argv,
+        };
+        let r = match target {
+            ExecTarget::Image(fd) => {
+                // SAFETY: executing our memfd with the argv and environment.
+                let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH) };
+                let e = crate::hooks::errno();
+                raw::close(fd);
+                crate::hooks::set_errno(e);
+                r
+            }
+            // SAFETY: a NUL-terminated path, the argv and environment.
+            ExecTarget::Kernel(abs) => unsafe { libc::syscall(libc::SYS_execveat, libc::AT_FDCWD, abs.as_ptr(), argv, envp, flags & !libc::AT_EMPTY_PATH) },
+            ExecTarget::Script(_) => unreachable!("scripts are followed above"),
+        };
+        debug_assert!(r < 0);
+        return Err(crate::hooks::errno());
+    }
+    Err(libc::ELOOP)
+}
+
+/// `envp` with `KURA_FS_CWD` set to the virtual working directory (or removed).
+fn env_with_cwd(envp: *const *const c_char, cwd: Option<&[u8]>) -> (Vec<Vec<u8>>, Vec<*const c_char>) {
+    let mut owned: Vec<Vec<u8>> = Vec::new();
+    let mut ptrs: Vec<*const c_char> = Vec::new();
+    if !envp.is_null() {
+        let mut i = 0;
+        loop {
+            // SAFETY: execve's contract: a NULL-terminated array of C strings.
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: as above.
+            let s = unsafe { bytes(p) }.unwrap_or_default();
+            if !s.starts_with(b"KURA_FS_CWD=") {
+                ptrs.push(p);
+            }
+            i += 1;
+        }
+    }
+    if let Some(cwd) = cwd {
+        let mut var = b"KURA_FS_CWD=".to_vec();
+        var.extend_from_slice(cwd);
+        var.push(0);
+        owned.push(var);
+        ptrs.push(owned.last().expect("pushed").as_ptr().cast());
+    }
+    ptrs.push(std::ptr::null());
+    (owned, ptrs)
+}
+
+/// Whether `envp` carries `KURA_FS_CWD`.
+fn has_cwd_var(envp: *const *const c_char) -> bool {
+    // SAFETY: execve's contract.
+    !envp.is_null()
+        && (0..)
+            .map_while(|i| {
+                // SAFETY: a NULL-terminated array.
+                let p = unsafe { *envp.add(i) };
+                (!p.is_null()).then_some(p)
+            })
+            .any(|p| {
+                // SAFETY: C strings of the array.
+                unsafe { bytes(p) }.is_some_and(|s| s.starts_with(b"KURA_FS_CWD="))
+            })
+}
+
+/// The common body of the three exec calls: `path` relative to `dirfd`, or `dirfd` itself
+/// (`AT_EMPTY_PATH` with an empty path).
+fn exec_call(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int {
+    let kernel = |envp: *const *const c_char| {
+        // SAFETY: passing the caller's arguments (and our environment copy) to the kernel.
+        unsafe { libc::syscall(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int }
+    };
+    let Some(state) = state::get() else { return kernel(envp) };
+    writeback_before_leaving();
+    crate::hooks::lock_files_across_exec(state);
+    let cwd = state.cwd.read().clone();
+    let (_owned, env) = env_with_cwd(envp, cwd.as_deref());
+    let envp2 = if cwd.is_some() || has_cwd_var(envp) { env.as_ptr() } else { envp };
+    // SAFETY: libc's contract.
+    let Some(p) = (unsafe { bytes(path) }) else { return kernel(envp2) };
+    if state::busy() {
+        return kernel(envp2);
+    }
+    // `fexecve` of a kura descriptor: its file, by the path it was opened at.
+    let (dirfd, p) = if p.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        match state.fds.get(dirfd) {
+            Some(of) => (libc::AT_FDCWD, of.path.clone()),
+            None => return kernel(envp2),
+        }
+    } else {
+        (dirfd, p.to_vec())
+    };
+    match exec(state, dirfd, &p, argv, envp2, flags) {
+        Err(libc::ENOTSUP) => kernel(envp2),
+        r => ret_int(r),
+    }
+}
+
+pub(crate) extern "C" fn h_execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    guard(-1, || exec_call(libc::AT_FDCWD, path, argv, envp, 0))
+}
+
+pub(crate) extern "C" fn h_execveat(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int {
+    guard(-1, || exec_call(dirfd, path, argv, envp, flags))
+}
+
+pub(crate) extern "C" fn h_fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    guard(-1, || exec_call(fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sb(i: &str, a: Option<&str>) -> Option<Shebang> {
+        Some(Shebang { interpreter: i.as_bytes().to_vec(), argument: a.map(|a| a.as_bytes().to_vec()) })
+    }
+
+    #[test]
+    fn shebang_lines_parse_as_the_kernels() {
+        assert_eq!(parse_shebang(b"\x7fELF...."), Ok(None));
+        assert_eq!(parse_shebang(b""), Ok(None));
+        assert_eq!(parse_shebang(b"#!/bin/sh\necho"), Ok(sb("/bin/sh", None)));
+        assert_eq!(parse_shebang(b"#! /usr/bin/env  python3 -u \t\nx"), Ok(sb("/usr/bin/env", Some("python3 -u"))));
+        assert_eq!(parse_shebang(b"#!/kura/v/bin/python3\r\n"), Ok(sb("/kura/v/bin/python3\r", None)));
+        assert_eq!(parse_shebang(b"#!\n"), Err(libc::ENOEXEC));
+        assert_eq!(parse_shebang(b"#!   \t \n"), Err(libc::ENOEXEC));
+        // The interpreter cut by the buffer: refused; an argument cut: kept, cut.
+        let long = format!("#!/{}", "a".repeat(400));
+        assert_eq!(parse_shebang(long.as_bytes()), Err(libc::ENOEXEC));
+        let cut_arg = format!("#!/bin/sh {}", "b".repeat(400));
+        let parsed = parse_shebang(cut_arg.as_bytes()).unwrap().unwrap();
+        assert_eq!(parsed.interpreter, b"/bin/sh");
+        assert_eq!(parsed.argument.unwrap().len(), SHEBANG_LINE_BYTES_MAX - b"#!/bin/sh ".len());
+        // A one-line file without a newline: its end ends the line.
+        assert_eq!(parse_shebang(b"#!/bin/true"), Ok(sb("/bin/true", None)));
+        assert_eq!(parse_shebang(b"#!/bin/sh\0 -x\n"), Ok(sb("/bin/sh", None)));
+        // A full buffer whose interpreter is followed by a blank is not cut.
+        let spaced = format!("#!/bin/sh{}", " ".repeat(400));
+        assert_eq!(parse_shebang(spaced.as_bytes()), Ok(sb("/bin/sh", None)));
+    }
+}
