@@ -397,7 +397,14 @@ impl Fs {
         drop(inner);
         if first && !*registered {
             match self.register_opener(inode.ino) {
-                Ok(recorded) => *registered = recorded,
+                Ok((recorded, elsewhere)) => {
+                    *registered = recorded;
+                    if elsewhere {
+                        // Another process has it open: this one reads and writes the pool.
+                        node.shared.store(true, Ordering::Release);
+                        self.drop_clean_pages(&mut node.inner.lock());
+                    }
+                }
                 Err(e) => {
                     node.inner.lock().opens -= 1;
                     return Err(e);
@@ -649,38 +656,60 @@ impl Fs {
         }
     }
 
-    /// Before this process releases a lock on file `ino` (`F_UNLCK`, `LOCK_UN`, a close that
-    /// drops its POSIX locks): its writes to the file go to the pool, so the process that
-    /// takes the lock next reads them, as an NFS client writes back before it unlocks.
-    pub fn before_unlock(&self, ino: u64) -> Result<()> {
-        let node = self.nodes.lock().get(&ino).cloned();
-        node.map_or(Ok(()), |node| self.writeback(&node))
+    /// Before this process releases a lock (`F_UNLCK`, `LOCK_UN`, a close that drops its
+    /// POSIX locks): its writes go to the pool, so the process that takes the lock next reads
+    /// them, as an NFS client writes back before it unlocks. Every file's, not only the
+    /// locked one's: programs guard files with locks on others (sqlite's WAL mode guards
+    /// the `-wal` file with locks on the `-shm` file).
+    pub fn before_unlock(&self, _ino: u64) -> Result<()> {
+        self.writeback_all()
     }
 
-    /// After this process took a lock on file `ino`: what other processes wrote back since it
-    /// last looked replaces its cached pages and size (clean pages of an inode whose
-    /// generation moved are dropped), as an NFS client revalidates its cache when it takes a
-    /// lock. Programs that share a file between unrelated processes under locks (sqlite in
-    /// several processes) then read each other's committed writes. When the record cannot be
-    /// read, every clean page is dropped and the size reloaded at the next use.
+    /// After this process took a lock: what other processes wrote back since it last looked
+    /// replaces its cached pages and sizes (clean pages of an inode whose generation moved
+    /// are dropped), as an NFS client revalidates its cache when it takes a lock; every open
+    /// file's, in one batch of record reads, since a lock may guard other files than its own
+    /// (see [`Fs::before_unlock`]). A file that another process has opened since this one
+    /// opened it becomes shared (reads and writes go to the pool, see [`Fs::shared_io`]).
+    /// Programs that share files between unrelated processes under locks (sqlite in several
+    /// processes) then read each other's committed writes. When a record cannot be read, the
+    /// node's clean pages are dropped and its size reloaded at its next use.
     pub fn after_lock(&self, ino: u64) {
-        let Some(node) = self.nodes.lock().get(&ino).cloned() else { return };
-        if node.is_shared() {
-            return; // nothing of it is cached
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| !n.is_shared() && (n.ino == ino || n.inner.lock().opens > 0)).collect();
+        if nodes.is_empty() {
+            return;
         }
+        let keys: Vec<Vec<u8>> = nodes.iter().map(|n| self.keys.inode(n.ino)).collect();
+        let records = self.kv.get_meta_many(&keys).ok();
+        for (i, node) in nodes.iter().enumerate() {
+            let loaded = records.as_ref().and_then(|r| r.get(i)?.as_ref()).and_then(|bytes| Inode::decode(&keys[i], bytes).ok());
+            if let Some(inode) = &loaded
+                && self.open_in_another_process(inode)
+            {
+                if let Err(error) = self.share_node(node) {
+                    tracing::warn!(ino = node.ino, %error, "writing back a file another process opened failed");
+                }
+                continue;
+            }
+            self.revalidate_after_lock(node, loaded);
+        }
+    }
+
+    /// [`Fs::after_lock`] for one node not shared: brought up to `loaded`, its record.
+    fn revalidate_after_lock(&self, node: &Arc<Node>, loaded: Option<Inode>) {
         // No write-back of this node half done (its pages in the pool, the size not yet):
         // clean then means all of it is in the record.
         let _no_writeback = node.wb_lock.lock();
-        let loaded = self.load_inode(ino).ok();
         let mut inner = node.inner.lock();
         match loaded {
-            Some((inode, _)) if inner.dirty == 0 && !inner.meta_dirty => {
+            Some(inode) if inner.dirty == 0 && !inner.meta_dirty => {
                 self.revalidate_clean(&mut inner, &inode);
                 // Under a lock the record's size is the file's, shorter too.
                 inner.size = inode.size;
                 node.stale.store(false, Ordering::Release);
             }
-            Some((inode, _)) => {
+            Some(inode) => {
                 if inode.generation != inner.generation {
                     self.drop_clean_pages(&mut inner);
                     inner.generation = inode.generation;
@@ -692,6 +721,18 @@ impl Fs {
                 node.stale.store(true, Ordering::Release);
             }
         }
+    }
+
+    /// Another process opened `node`, which this process caches: from now on it reads and
+    /// writes the pool, as a file shared through `fork` does ([`Fs::shared_io`]), after what
+    /// it has of the file here is written back.
+    fn share_node(&self, node: &Arc<Node>) -> Result<()> {
+        if node.shared.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let written = self.writeback(node);
+        self.drop_clean_pages(&mut node.inner.lock());
+        written
     }
 
     /// A shared node's size as the pool has it now.
@@ -1225,6 +1266,12 @@ impl Fs {
             Ok(inode) => {
                 inner.pool_size = inode.size;
                 inner.generation = inode.generation;
+                if !node.is_shared() && inner.opens > 0 && self.open_in_another_process(&inode) {
+                    // Another process opened the file since this one did: from now on this one
+                    // reads and writes the pool too (see [`Fs::after_lock`]).
+                    node.shared.store(true, Ordering::Release);
+                    self.drop_clean_pages(&mut inner);
+                }
                 Ok(())
             }
             Err(FsError::NotFound) => {

@@ -49,6 +49,11 @@ fn parse_start_ticks(stat: &[u8]) -> Option<u64> {
     fields.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether two openers are one process (possibly two file system instances in it).
+fn same_process(a: &Opener, b: &Opener) -> bool {
+    (a.machine, a.boot, a.pid, a.start_ticks) == (b.machine, b.boot, b.pid, b.start_ticks)
+}
+
 /// Whether `opener` may still be running, as seen from `me` (a process on this host).
 fn alive(opener: &Opener, me: &Opener) -> bool {
     if opener.machine != me.machine {
@@ -84,22 +89,22 @@ impl Fs {
         inode.openers.retain(|o| o == me || alive(o, me));
     }
 
-    /// Records this process as having `ino` open. Returns whether it is recorded: not when the
-    /// record already lists [`OPENERS_MAX`] processes. A file that lost its last name before
-    /// this (an unlink between the lookup and the open) is `NotFound`, unless this process
-    /// already has it open (another instance, e.g. before an `exec` that kept the descriptor).
-    pub(crate) fn register_opener(&self, ino: u64) -> Result<bool> {
+    /// Records this process as having `ino` open. Returns whether it is recorded (not when the
+    /// record already lists [`OPENERS_MAX`] processes) and whether other live processes have
+    /// the file open too. A file that lost its last name before this (an unlink between the
+    /// lookup and the open) is `NotFound`, unless this process already has it open (another
+    /// instance, e.g. before an `exec` that kept the descriptor).
+    pub(crate) fn register_opener(&self, ino: u64) -> Result<(bool, bool)> {
         self.register_opener_as(ino, false)
     }
 
     /// `inherited`: the process got the file open from its parent (`fork`), which is recorded,
     /// so a file already without a name is registered too.
-    fn register_opener_as(&self, ino: u64, inherited: bool) -> Result<bool> {
+    fn register_opener_as(&self, ino: u64, inherited: bool) -> Result<(bool, bool)> {
         let me = self.opener();
-        let this_process = |o: &Opener| (o.machine, o.boot, o.pid, o.start_ticks) == (me.machine, me.boot, me.pid, me.start_ticks);
         let mut recorded = false;
-        self.update_inode(ino, |inode| {
-            if inode.nlink == 0 && !inherited && !inode.openers.iter().any(this_process) {
+        let inode = self.update_inode(ino, |inode| {
+            if inode.nlink == 0 && !inherited && !inode.openers.iter().any(|o| same_process(o, &me)) {
                 return Err(FsError::NotFound);
             }
             Self::prune_openers(inode, &me);
@@ -113,7 +118,8 @@ impl Fs {
         if !recorded {
             tracing::warn!(ino, openers_max = OPENERS_MAX, "too many processes have this file open: an unlink elsewhere will not wait for this one");
         }
-        Ok(recorded)
+        let elsewhere = !recorded || inode.openers.iter().any(|o| !same_process(o, &me));
+        Ok((recorded, elsewhere))
     }
 
     /// In the child of a `fork`: records this process in every file it inherited open (and
@@ -130,7 +136,7 @@ impl Fs {
                 continue;
             }
             match self.register_opener_as(node.ino, true) {
-                Ok(recorded) => *registered = recorded,
+                Ok((recorded, _)) => *registered = recorded,
                 Err(FsError::NotFound) => *registered = false,
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -164,6 +170,13 @@ impl Fs {
     pub(crate) fn open_elsewhere(&self, inode: &Inode) -> bool {
         let me = self.opener();
         inode.openers.iter().any(|o| *o != me && alive(o, &me))
+    }
+
+    /// Whether another live process is recorded as having `inode` open (other file system
+    /// instances of this process, such as the one before an `exec`, do not count).
+    pub(crate) fn open_in_another_process(&self, inode: &Inode) -> bool {
+        let me = self.opener();
+        inode.openers.iter().any(|o| !same_process(o, &me) && alive(o, &me))
     }
 
     /// Puts `ino` on the orphan list (a file without names that is still open somewhere).

@@ -816,6 +816,13 @@ fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Op
         if at.is_none() {
             of.set_offset(offset + n as u64);
         }
+        drop(_shared);
+        // A process that maps a file shared with others (sqlite's WAL index) publishes through
+        // the mapping at once what its writes describe (a WAL commit's frames): the writes go
+        // to the pool first, so that another process never reads past them.
+        if state.maps.any() && !node.is_shared() && mode == WriteMode::Buffered {
+            fs.writeback(node).map_err(fs_errno)?;
+        }
         Ok(n as c_long)
     })
 }
@@ -1112,6 +1119,7 @@ fn kura_set_size(state: &State, of: &OpenFile, size: i64) -> Result<c_int, i32> 
     with_fs(state, |fs| {
         node_of(fs, of)?;
         fs.setattr(of.ino, SetAttr { size: Some(size as u64), ..SetAttr::default() }).map_err(fs_errno)?;
+        state.maps.resized(of.ino, size as u64);
         Ok(0)
     })
 }
@@ -1148,6 +1156,7 @@ extern "C" fn h_truncate(path: *const c_char, len: i64) -> c_int {
                 match resolve(state, fs, start, &rel, true)? {
                     Resolved::Found { entry, .. } => {
                         set(fs, entry.ino, SetAttr { size: Some(len as u64), ..SetAttr::default() })?;
+                        state.maps.resized(entry.ino, len as u64);
                         Ok(0)
                     }
                     Resolved::Missing { .. } => Err(libc::ENOENT),
@@ -2266,9 +2275,24 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
             return raw_call(flags, fd, offset, prot);
         }
         let shared = flags & libc::MAP_SHARED_VALIDATE & libc::MAP_SHARED != 0;
-        if (shared && prot & libc::PROT_WRITE != 0) || of.is_dir || offset < 0 || offset % 4096 != 0 {
-            set_errno(if of.is_dir || offset < 0 || offset % 4096 != 0 { if of.is_dir { libc::ENODEV } else { libc::EINVAL } } else { libc::ENODEV });
+        if of.is_dir || offset < 0 || offset % 4096 != 0 || len == 0 {
+            set_errno(if of.is_dir { libc::ENODEV } else { libc::EINVAL });
             return libc::MAP_FAILED;
+        }
+        if shared && prot & libc::PROT_WRITE != 0 {
+            // As the kernel: a writable shared mapping needs a descriptor open for writing.
+            if of.flags() & libc::O_ACCMODE != libc::O_RDWR || of.flags() & libc::O_APPEND != 0 {
+                set_errno(libc::EACCES);
+                return libc::MAP_FAILED;
+            }
+            let mapped = with_fs(state, |fs| state.maps.map(fs, node_of(fs, &of)?, of.ino, addr, len, prot, flags, offset));
+            return match mapped {
+                Ok(p) => p,
+                Err(e) => {
+                    set_errno(e);
+                    libc::MAP_FAILED
+                }
+            };
         }
         // A private (or read-only) copy of the file's bytes.
         let anon_flags = (flags & !libc::MAP_SHARED_VALIDATE) | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
@@ -2291,6 +2315,36 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
         // SAFETY: changing our own mapping's protection to what the caller asked.
         unsafe { libc::syscall(libc::SYS_mprotect, p, len, prot) };
         p
+    })
+}
+
+extern "C" fn h_munmap(addr: *mut c_void, len: usize) -> c_int {
+    guard(-1, || {
+        // SAFETY: passing the caller's arguments to the kernel.
+        let r = unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int };
+        if r == 0
+            && let Some(state) = active()
+            && state.maps.any()
+        {
+            let _call = state.enter_call();
+            state.maps.unmapped(state.fs_if_open(), addr as usize, len);
+        }
+        r
+    })
+}
+
+extern "C" fn h_msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: passing the caller's arguments to the kernel.
+        let r = unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) as c_int };
+        if r == 0
+            && flags & libc::MS_INVALIDATE == 0
+            && let Some(state) = active()
+            && state.maps.any()
+        {
+            return ret_int(with_fs(state, |fs| state.maps.sync(fs, Some((addr as usize, len))).map(|()| 0)));
+        }
+        r
     })
 }
 
@@ -2407,6 +2461,11 @@ pub(crate) fn writeback_before_leaving() {
         && let Some(fs) = state.fs_if_open()
     {
         let _call = state.enter_call();
+        if state.maps.any()
+            && let Err(e) = state.maps.sync(fs, None)
+        {
+            complain(&format!("libkura_fs: writing shared mappings back failed: errno {e}"));
+        }
         if let Err(e) = fs.writeback_all() {
             complain(&format!("libkura_fs: write-back failed: {e}"));
         }
@@ -2444,6 +2503,8 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"creat64", h_creat as *const () as usize),
     (c"close", h_close as *const () as usize),
     (c"close_range", h_close_range as *const () as usize),
+    (c"munmap", h_munmap as *const () as usize),
+    (c"msync", h_msync as *const () as usize),
     (c"__close_nocancel", h_close as *const () as usize),
     (c"dup", h_dup as *const () as usize),
     (c"dup2", h_dup2 as *const () as usize),

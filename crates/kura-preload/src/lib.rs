@@ -39,6 +39,7 @@ mod dir;
 mod exec;
 mod fds;
 mod hooks;
+mod maps;
 mod patch;
 mod paths;
 mod signals;

@@ -34,6 +34,8 @@ pub struct State {
     pub sock_prefix: Vec<u8>,
     /// The paths of the kura sockets this process bound or connected to.
     pub sock_names: crate::sock::SocketNames,
+    /// Writable shared mappings of kura files (see [`crate::maps`]).
+    pub maps: crate::maps::SharedMaps,
     /// Whether libc was patched (otherwise every hook is inert).
     pub active: std::sync::atomic::AtomicBool,
     /// The pool is this process's embedded engine: a forked child cannot use it.
@@ -239,6 +241,7 @@ pub fn init() {
         cwd: RwLock::new(env("KURA_FS_CWD").map(String::into_bytes)),
         sock_prefix,
         sock_names: crate::sock::SocketNames::default(),
+        maps: crate::maps::SharedMaps::default(),
         active: std::sync::atomic::AtomicBool::new(false),
         embedded,
         owner_pid: kura_fs::process_id(),
@@ -401,6 +404,7 @@ extern "C" fn atfork_child() {
         drop(take_fork_guards());
         state.fork_gate.open(true);
         crate::signals::forget_service();
+        state.maps.after_fork_in_child();
         // None with an embedded engine, which a child cannot use at all.
         if let Some(fs) = state.fs_if_open() {
             // Before fork returns: the parent may close its descriptors right away.
