@@ -22,6 +22,19 @@ pub fn lock_file_path(ino: u64) -> (Vec<u8>, Vec<u8>) {
     (format!("{dir}\0").into_bytes(), file)
 }
 
+/// A host file kura keeps beside the lock file of `ino` (its name plus `suffix`: a shared
+/// mapping's backing file, a FIFO's kernel FIFO), and the lock directory, made if missing
+/// (both NUL-terminated).
+pub fn host_file_path(ino: u64, suffix: &str) -> (Vec<u8>, Vec<u8>) {
+    let (dir, mut file) = lock_file_path(ino);
+    file.pop();
+    file.extend_from_slice(suffix.as_bytes());
+    file.push(0);
+    // SAFETY: dir is NUL-terminated.
+    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
+    (dir, file)
+}
+
 /// `$KURA_FS_LOCK_DIR`, default [`LOCK_DIR_DEFAULT`].
 pub fn lock_dir() -> String {
     std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned())

@@ -453,8 +453,17 @@ extern "C" fn h_statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_u
 // ---------------------------------------------------------------------------------------
 // open, close, dup
 
-/// Opens a kura path; `Ok(fd)` may be a kernel descriptor when a symlink led outside.
-fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<c_int, i32> {
+/// What opening a kura path gave.
+enum Opened {
+    /// A descriptor: kura's, or the kernel's when a symlink led outside.
+    Fd(c_int),
+    /// A kura FIFO: the kernel FIFO standing for it (NUL-terminated path), which the caller
+    /// opens outside any kura call, since that open waits for the other end.
+    Fifo(Vec<u8>),
+}
+
+/// Opens a kura path.
+fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<Opened, i32> {
     // Another process may rename over or remove the name between its lookup and the open
     // (the open then finds the file without a name, `ESTALE`): resolve the path again, so that
     // the open sees the old file or the new one, never `ENOENT` for a name that always existed.
@@ -467,7 +476,7 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
     Err(libc::ENOENT)
 }
 
-fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<c_int, i32> {
+fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<Opened, i32> {
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Err(libc::EOPNOTSUPP);
     }
@@ -485,7 +494,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             let p = c_path(&abs);
             // SAFETY: a NUL-terminated path of ours and the caller's flags and mode.
             let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), flags, mode) };
-            return if fd < 0 { Err(errno()) } else { Ok(fd as c_int) };
+            return if fd < 0 { Err(errno()) } else { Ok(Opened::Fd(fd as c_int)) };
         }
         Resolved::Missing { parent, name } => {
             if !creat {
@@ -522,6 +531,10 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                         fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
                     }
                 }
+                libc::S_IFIFO if flags & libc::O_DIRECTORY == 0 => {
+                    check_open(&inode, flags)?;
+                    return host_fifo(inode.ino).map(Opened::Fifo);
+                }
                 _ => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ENXIO }),
             }
             inode
@@ -546,7 +559,23 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         *file.dir_inode.lock() = Some(inode);
     }
     state.fds.install(fd, Arc::new(file));
-    Ok(fd)
+    Ok(Opened::Fd(fd))
+}
+
+/// The kernel FIFO that stands for kura FIFO `ino` on this host (made if missing), beside
+/// the inode's lock file: processes of the host that open the kura FIFO meet there, as they
+/// would at a FIFO of the kernel's.
+fn host_fifo(ino: u64) -> Result<Vec<u8>, i32> {
+    let (_, path) = fds::host_file_path(ino, ".fifo");
+    // SAFETY: a NUL-terminated path of ours.
+    if unsafe { libc::syscall(libc::SYS_mknodat, libc::AT_FDCWD, path.as_ptr(), libc::S_IFIFO | 0o666, 0) } == 0 {
+        // Not narrowed by the umask: kura checked the caller's permission on its own node.
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_fchmodat, libc::AT_FDCWD, path.as_ptr(), 0o666) };
+    } else if errno() != libc::EEXIST {
+        return Err(errno());
+    }
+    Ok(path)
 }
 
 extern "C" fn h_openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
@@ -562,7 +591,12 @@ extern "C" fn h_openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_
             Err(e) => ret_int(Err(e)),
             Ok(Target::Kernel) => raw_call(dirfd, path),
             Ok(Target::KernelAbs(abs)) => raw_call(libc::AT_FDCWD, abs.as_ptr().cast()),
-            Ok(Target::Kura { start, rel, abs }) => ret_int(with_fs(state, |fs| kura_open(state, fs, start, &rel, &abs, flags, mode))),
+            Ok(Target::Kura { start, rel, abs }) => match with_fs(state, |fs| kura_open(state, fs, start, &rel, &abs, flags, mode)) {
+                Ok(Opened::Fd(fd)) => fd,
+                // Outside the kura call: this open waits for the FIFO's other end.
+                Ok(Opened::Fifo(host)) => raw_call(libc::AT_FDCWD, host.as_ptr().cast()),
+                Err(e) => ret_int(Err(e)),
+            },
         }
     })
 }

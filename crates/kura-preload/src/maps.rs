@@ -109,11 +109,8 @@ impl Drop for Turn {
     }
 }
 
-fn backing_path(ino: u64) -> (Vec<u8>, Vec<u8>) {
-    let (dir, mut lock_file) = crate::fds::lock_file_path(ino);
-    lock_file.pop();
-    lock_file.extend_from_slice(b".map\0");
-    (dir, lock_file)
+fn backing_path(ino: u64) -> Vec<u8> {
+    crate::fds::host_file_path(ino, ".map").1
 }
 
 fn file_size(fd: c_int) -> Result<u64, i32> {
@@ -135,9 +132,7 @@ fn still_named(fd: c_int, path: &[u8]) -> bool {
 /// Opens the backing file of `ino` and takes its turn: the file, its turn, and whether it
 /// must be loaded from kura (no other process maps it).
 fn open_backing(ino: u64) -> Result<(OwnedFd, Turn, bool), i32> {
-    let (dir, path) = backing_path(ino);
-    // SAFETY: dir is NUL-terminated.
-    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
+    let path = backing_path(ino);
     for _ in 0..REOPEN_TRIES_MAX {
         // SAFETY: path is NUL-terminated.
         let raw = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) };
@@ -310,7 +305,7 @@ impl SharedMaps {
             }
             let _ = lock(fd, USERS_LOCK_BYTE, libc::F_UNLCK, false);
             if others_map(fd) == Ok(false) {
-                let (_, path) = backing_path(ino);
+                let path = backing_path(ino);
                 if still_named(fd, &path) {
                     // SAFETY: path is NUL-terminated.
                     unsafe { libc::syscall(libc::SYS_unlinkat, libc::AT_FDCWD, path.as_ptr(), 0) };

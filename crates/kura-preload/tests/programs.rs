@@ -530,6 +530,24 @@ fn scripts_and_symlinks_run_from_kura_paths_as_the_kernel_runs_them() {
     assert_eq!(got, want);
 }
 
+/// A FIFO made in the mount connects the processes of the host that open it, as a kernel
+/// FIFO does (a kernel FIFO beside the lock files stands for it): an open waits for the other
+/// end, `<>` does not, a writer with no reader blocks, lines pass in order. Compared with the
+/// kernel on a host directory. (Opening a kura FIFO failed with ENXIO.)
+#[test]
+fn fifos_in_the_mount_connect_processes_as_the_kernels_do() {
+    let script = r#"cd "$1"
+        mkfifo p; ls -l p | cut -c1-10
+        (echo via-fifo > p &); timeout 5 cat p; echo "rc=$?"
+        ( for i in 1 2 3; do echo "line $i"; done > p & ); timeout 5 wc -l < p
+        exec 3<>p; echo rw >&3; read -r x <&3; echo "got $x"; exec 3>&-
+        timeout 1 sh -c 'echo x > p'; echo "blocked writer rc=$?"
+        rm p; ls"#;
+    let (want, got) = kernel_and_kura(script);
+    assert!(want.contains("got rw") && want.contains("blocked writer rc=124"), "{want}");
+    assert_eq!(got, want);
+}
+
 /// Python's `subprocess` closes every descriptor above the ones it passes (`close_range`)
 /// before it executes the child: kura's own (the pool's connections) stay until the exec,
 /// which reads a kura program through them, and a kura descriptor passed on (`pass_fds`)
