@@ -36,7 +36,7 @@ use crate::size::ByteSize;
 /// `statfs` magic of ext2/3/4.
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
 /// `statfs` magic of a FUSE mount.
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+pub(crate) const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 /// How long `kura fs mount` has to show its mount.
 const FUSE_MOUNT_TIMEOUT_S: u64 = 30;
 /// How long the FUSE server has to exit after it is unmounted.
@@ -357,7 +357,7 @@ fn check_free_space(dir: &Path, args: &FsBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn statfs_type(path: &Path) -> anyhow::Result<i64> {
+pub(crate) fn statfs_type(path: &Path) -> anyhow::Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: an all-zero statfs is a valid value of the plain C struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
@@ -451,15 +451,7 @@ impl FuseMount {
 impl Drop for FuseMount {
     fn drop(&mut self) {
         let _ = Command::new("fusermount3").arg("-u").arg(&self.mount).stderr(Stdio::null()).status();
-        let deadline = Instant::now() + Duration::from_secs(FUSE_EXIT_TIMEOUT_S);
-        while matches!(self.child.try_wait(), Ok(None)) {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
-        }
+        crate::fs_cmd::wait_or_kill(&mut self.child, Duration::from_secs(FUSE_EXIT_TIMEOUT_S));
     }
 }
 
@@ -526,7 +518,7 @@ fn run_fio(args: &FsBenchArgs, sides: &Sides, side: Side, fio_args: &[String]) -
     let mut cmd = match side {
         Side::Kura => {
             let mut c = Command::new(std::env::current_exe()?);
-            c.args(["fs", "run", "--mount", KURA_MOUNT, "--data-dir"]).arg(&sides.kura_data).args(["--store-size", &args.store_size.0.to_string()]);
+            c.args(["fs", "run", "--fuse", "off", "--mount", KURA_MOUNT, "--data-dir"]).arg(&sides.kura_data).args(["--store-size", &args.store_size.0.to_string()]);
             for url in &args.pool {
                 c.args(["--pool", url]);
             }

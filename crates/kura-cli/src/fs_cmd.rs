@@ -22,13 +22,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 
 /// How long a new local server has to start accepting connections.
 const SERVER_START_TIMEOUT_S: u64 = 30;
 /// How long a stopping server has to exit after SIGTERM before SIGKILL.
 const SERVER_STOP_GRACE_S: u64 = 10;
 const POLL_INTERVAL_MS: u64 = 20;
+/// How long `run --fuse` waits for its FUSE mount to appear, and for the FUSE server to exit
+/// once unmounted.
+const FUSE_MOUNT_TIMEOUT_S: u64 = 15;
 /// The preload library's file name, next to the `kura` binary.
 pub const PRELOAD_LIB: &str = "libkura_fs.so";
 
@@ -80,9 +83,25 @@ pub struct RunArgs {
     /// Leave the local server running after COMMAND ends.
     #[arg(long)]
     pub keep_server: bool,
+    /// Also mount the file system with FUSE at --mount, in a mount namespace of COMMAND's own
+    /// (other processes do not see it), so that what the preload cannot intercept reaches it
+    /// through the kernel: the dynamic loader opening shared libraries (a virtualenv's C
+    /// extensions, LD_LIBRARY_PATH and RPATH in the mount), static binaries, programs that
+    /// drop LD_PRELOAD. `auto`: when running as root with /dev/fuse, a pool that is not
+    /// embedded, and --mount an existing directory; `on` makes the directory if missing.
+    #[arg(long, value_enum, default_value_t = FuseMode::Auto)]
+    pub fuse: FuseMode,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
+}
+
+/// Whether `kura fs run` mounts the file system with FUSE too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FuseMode {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Args, Debug)]
@@ -146,7 +165,23 @@ fn run_command(args: &RunArgs) -> anyhow::Result<()> {
             cmd.env(var, v.to_string());
         }
     }
-    let status = cmd.status().with_context(|| format!("cannot run {}", args.command[0]))?;
+    let wanted = use_fuse(args)?;
+    // Inside a `kura fs run --fuse` (its mount namespace), the mount is there already.
+    let inherited = wanted && is_fuse_mount(Path::new(&args.mount)) && std::env::var_os("KURA_FS_KERNEL_MOUNT").is_some();
+    let fuse = match wanted && !inherited {
+        true => Some(FuseMount::start(args, &urls)?),
+        false => None,
+    };
+    if fuse.is_some() || inherited {
+        cmd.env("KURA_FS_KERNEL_MOUNT", "1");
+    } else {
+        cmd.env_remove("KURA_FS_KERNEL_MOUNT");
+    }
+    let status = cmd.status().with_context(|| format!("cannot run {}", args.command[0]));
+    if let Some(fuse) = fuse {
+        fuse.stop();
+    }
+    let status = status?;
     if let Some(lock) = lock
         && !args.keep_server
     {
@@ -154,6 +189,119 @@ fn run_command(args: &RunArgs) -> anyhow::Result<()> {
     }
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     std::process::exit(code);
+}
+
+/// Whether `run` mounts with FUSE too (see [`RunArgs::fuse`]).
+fn use_fuse(args: &RunArgs) -> anyhow::Result<bool> {
+    let embedded = args.pool.pool.iter().any(|u| u == "embedded");
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse_dev = Path::new("/dev/fuse").exists();
+    match args.fuse {
+        FuseMode::Off => Ok(false),
+        FuseMode::Auto => Ok(root && fuse_dev && !embedded && kernel_is_dir(Path::new(&args.mount))),
+        FuseMode::On => {
+            if embedded {
+                bail!("--fuse on needs a pool other processes can reach: an embedded engine lives in one process");
+            }
+            if !root || !fuse_dev {
+                bail!("--fuse on needs root (for a mount namespace of the command's own) and /dev/fuse");
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// The FUSE mount of `run --fuse`: a `kura fs mount` process serving the file system at the
+/// mount prefix, inside a mount namespace this process made for itself and the command.
+struct FuseMount {
+    server: std::process::Child,
+    mountpoint: PathBuf,
+}
+
+impl FuseMount {
+    fn start(args: &RunArgs, urls: &[String]) -> anyhow::Result<Self> {
+        let mountpoint = PathBuf::from(&args.mount);
+        // SAFETY: unshare and mount with constant arguments; they change only this process's
+        // (and its future children's) view of the mounts.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                bail!("cannot make a mount namespace for the FUSE mount: {}", std::io::Error::last_os_error());
+            }
+            // Mounts made here stay here; mounts made on the host still show here.
+            if libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) != 0 {
+                bail!("cannot make the mount namespace private: {}", std::io::Error::last_os_error());
+            }
+        }
+        fs::create_dir_all(&mountpoint).with_context(|| format!("cannot create the mount point {}", mountpoint.display()))?;
+        let exe = std::env::current_exe()?;
+        fs::create_dir_all(&args.pool.data_dir).with_context(|| format!("cannot create {}", args.pool.data_dir.display()))?;
+        let log_path = args.pool.data_dir.join("fuse.log");
+        let log = File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["fs", "mount", "--name", &args.pool.name]).arg(&mountpoint).env_remove("LD_PRELOAD").stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        for url in urls {
+            cmd.args(["--pool", url]);
+        }
+        let mut server = cmd.spawn().context("cannot start kura fs mount")?;
+        let deadline = Instant::now() + Duration::from_secs(FUSE_MOUNT_TIMEOUT_S);
+        while !is_fuse_mount(&mountpoint) {
+            if let Some(status) = server.try_wait()? {
+                bail!("kura fs mount at {} exited ({status}) before mounting; see {}", mountpoint.display(), log_path.display());
+            }
+            if Instant::now() > deadline {
+                let _ = server.kill();
+                bail!("kura fs mount did not mount {} within {FUSE_MOUNT_TIMEOUT_S} s", mountpoint.display());
+            }
+            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+        }
+        Ok(Self { server, mountpoint })
+    }
+
+    /// Unmounts (lazily: a process the command left behind may still use it) and waits for
+    /// the FUSE server to finish.
+    fn stop(mut self) {
+        if let Ok(path) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) {
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+        wait_or_kill(&mut self.server, Duration::from_secs(FUSE_MOUNT_TIMEOUT_S));
+    }
+}
+
+/// Whether a FUSE file system is mounted at `mountpoint` (in this mount namespace), as the
+/// kernel sees it: by system call, not libc, which a preload (a `kura fs run` inside another)
+/// would answer for its own mount.
+fn is_fuse_mount(mountpoint: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: a zeroed statfs is a valid value; statfs writes only into it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a writable struct that lives across the call.
+    let r = unsafe { libc::syscall(libc::SYS_statfs, path.as_ptr(), &mut st as *mut libc::statfs) };
+    r == 0 && st.f_type as i64 == crate::bench_fs::FUSE_SUPER_MAGIC
+}
+
+/// Whether `path` is a directory as the kernel sees it (see [`is_fuse_mount`]).
+fn kernel_is_dir(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: a zeroed stat is a valid value; fstatat writes only into it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a writable struct that lives across the call.
+    let r = unsafe { libc::syscall(libc::SYS_newfstatat, libc::AT_FDCWD, c.as_ptr(), &mut st as *mut libc::stat, 0) };
+    r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// Waits up to `timeout` for `child` to exit, then kills it.
+pub(crate) fn wait_or_kill(child: &mut std::process::Child, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -77,24 +77,30 @@ enum ExecTarget {
     Script(Shebang),
 }
 
-/// The exec target of kura inode `ino`.
-fn kura_target(fs: &Arc<Fs>, ino: u64) -> Result<ExecTarget, i32> {
+/// The exec target of kura inode `ino`; a binary runs from `kernel_path` when the kernel
+/// sees the file there.
+fn kura_target(fs: &Arc<Fs>, ino: u64, kernel_path: Option<&[u8]>) -> Result<ExecTarget, i32> {
     let inode = fs.getattr(ino).map_err(fs_errno)?;
     if inode.mode & libc::S_IFMT != libc::S_IFREG {
         return Err(libc::EACCES);
     }
     check_access(&inode, libc::X_OK, true)?;
     let node = fs.open_node(&inode).map_err(fs_errno)?;
-    let target = copy_image(fs, &node);
+    let target = copy_image(fs, &node, kernel_path);
     let _ = fs.release(&node);
     target
 }
 
-fn copy_image(fs: &Arc<Fs>, node: &Arc<kura_fs::Node>) -> Result<ExecTarget, i32> {
+fn copy_image(fs: &Arc<Fs>, node: &Arc<kura_fs::Node>, kernel_path: Option<&[u8]>) -> Result<ExecTarget, i32> {
     let mut buf = vec![0u8; IMAGE_COPY_STEP_BYTES];
     let mut n = fs.read(node, 0, &mut buf).map_err(fs_errno)?;
+    // Scripts are run here either way: their interpreter gets the path as the caller gave it
+    // (the kernel could not resolve one relative to the virtual working directory).
     if let Some(shebang) = parse_shebang(&buf[..n])? {
         return Ok(ExecTarget::Script(shebang));
+    }
+    if let Some(path) = kernel_path {
+        return Ok(ExecTarget::Kernel(c_path(path)));
     }
     let fd = raw::memfd_create(b"kura-exec\0", libc::MFD_CLOEXEC)?;
     let mut at = 0u64;
@@ -118,12 +124,31 @@ fn target_of(state: &State, dirfd: c_int, path: &[u8]) -> Result<ExecTarget, i32
         // A path relative to a kernel directory descriptor: the caller's execveat stands.
         Target::Kernel => Err(libc::ENOTSUP),
         Target::KernelAbs(abs) => Ok(ExecTarget::Kernel(abs)),
-        Target::Kura { start, rel, .. } => with_fs(state, |fs| match resolve(state, fs, start, &rel, true)? {
-            Resolved::Found { entry, .. } => kura_target(fs, entry.ino),
+        Target::Kura { start, rel, abs } => with_fs(state, |fs| match resolve(state, fs, start, &rel, true)? {
+            // `kura fs run --fuse`: the kernel sees the file system at the same path, so it
+            // runs a binary itself ($ORIGIN and /proc/self/exe as for any file).
+            Resolved::Found { entry, .. } => kura_target(fs, entry.ino, kernel_sees_mount(state).then_some(&abs[..])),
             Resolved::Outside(abs) => Ok(ExecTarget::Kernel(c_path(&abs))),
             Resolved::Missing { .. } => Err(libc::ENOENT),
         }),
     }
+}
+
+/// `statfs(2)`'s `f_type` of FUSE file systems.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Whether `kura fs run --fuse` mounted this file system where the kernel sees it too: it says
+/// so in `KURA_FS_KERNEL_MOUNT`, and a FUSE file system is mounted at the prefix.
+fn kernel_sees_mount(state: &State) -> bool {
+    if std::env::var_os("KURA_FS_KERNEL_MOUNT").is_none_or(|v| v != "1") {
+        return false;
+    }
+    let path = c_path(&state.mount);
+    // SAFETY: a zeroed statfs is a valid value; statfs writes only into it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a writable struct that lives across the call.
+    let r = unsafe { libc::syscall(libc::SYS_statfs, path.as_ptr(), &mut st as *mut libc::statfs) };
+    r == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
 }
 
 /// The `#!` line of the kernel's file at `path` (NUL-terminated) when its interpreter is a

@@ -548,6 +548,48 @@ fn fifos_in_the_mount_connect_processes_as_the_kernels_do() {
     assert_eq!(got, want);
 }
 
+/// `kura fs run --fuse on` also mounts the file system with FUSE at the prefix, in a mount
+/// namespace of the command's own, for what the preload cannot intercept: the dynamic loader
+/// opens a shared library built in the mount (ctypes, `LD_LIBRARY_PATH`, an `$ORIGIN` RPATH,
+/// so kura binaries run from their kernel path there), and a static binary reads a kura
+/// file. Nobody outside the command sees the mount. (Without it the loader answers "cannot
+/// open shared object file": a virtualenv's C extensions could not be imported.)
+#[test]
+fn the_loader_and_static_binaries_reach_kura_files_through_fuse() {
+    if !std::path::Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        return kura_testkit::skip("needs root and /dev/fuse for a FUSE mount in a mount namespace");
+    }
+    if !have("cc") {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir.path().join("mnt");
+    let st_cat = env.dir.path().join("st_cat");
+    let st_src = env.dir.path().join("st_cat.c");
+    std::fs::write(&st_src, "#include <stdio.h>\nint main(int c, char **v) { FILE *f = fopen(v[1], \"r\"); char b[64] = {0}; if (!f) return 1; fread(b, 1, 63, f); printf(\"static read: %s\", b); return 0; }\n").unwrap();
+    let static_ok = std::process::Command::new("cc").args(["-static", "-o"]).arg(&st_cat).arg(&st_src).status().is_ok_and(|s| s.success());
+    let script = format!(
+        r#"set -e; M=$KURA_FS_MOUNT; cd $M
+        printf 'int answer(void) {{ return 42; }}\n' > a.c; cc -shared -fPIC -o liba.so a.c
+        python3 -c "import ctypes; print('ctypes', ctypes.CDLL('$M/liba.so').answer())"
+        printf '#include <stdio.h>\nint answer(void);\nint main(void) {{ printf("%%d\\n", answer()); return 0; }}\n' > m.c
+        cc -o m m.c -L$M -la; LD_LIBRARY_PATH=$M ./m
+        mkdir bin; cc -o bin/m2 m.c -L$M -la -Wl,-rpath,'$ORIGIN/..'; ./bin/m2
+        echo hello-static > f; if [ -x {st} ]; then {st} $M/f; else echo 'static read: hello-static'; fi
+        grep " $M " /proc/self/mountinfo | grep -c " - fuse""#,
+        st = st_cat.display()
+    );
+    let mnt_arg = mnt.to_str().unwrap();
+    let out = env.command(&["--fuse", "on", "--mount", mnt_arg], &["sh", "-c", &script]).output().unwrap();
+    check(&out, &["sh", "-c", &script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ctypes 42\n42\n42\nstatic read: hello-static\n1\n");
+    if !static_ok {
+        kura_testkit::skip("cc -static failed (no static libc): the static binary part did not run");
+    }
+    let ours = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!ours.contains(mnt_arg), "the FUSE mount leaked out of the command's mount namespace");
+}
+
 /// Python's `subprocess` closes every descriptor above the ones it passes (`close_range`)
 /// before it executes the child: kura's own (the pool's connections) stay until the exec,
 /// which reads a kura program through them, and a kura descriptor passed on (`pass_fds`)
