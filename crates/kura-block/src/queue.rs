@@ -276,6 +276,7 @@ impl<B: ReadBuf> BlockQueue<B> {
         Ok(slot)
     }
 
+    #[allow(clippy::too_many_arguments)] // one request's fields, as the frontends hand them over
     fn new_req(&self, tag: u64, cmd: Cmd, fua: bool, volume: &Arc<Volume>, offset_bytes: u64, len_bytes: u64, buf: Option<B>) -> Req<B> {
         Req {
             tag,

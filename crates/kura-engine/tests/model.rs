@@ -220,7 +220,7 @@ struct CrashProbe {
     sim: Arc<SimDevice>,
     /// Called with the device and a crash seed: makes the crash image (`SimDevice::crash`)
     /// and checks it.
-    probe: Box<dyn Fn(&SimDevice, u64) + Send + Sync>,
+    probe: Probe,
     crash_seeds: u64,
 }
 
@@ -303,10 +303,13 @@ fn crash_at_any_point_in_cache_mode_never_returns_an_older_value() {
     crash_points_case(Mode::Cache, 0, hot_cold_and_deletions, None);
 }
 
+/// Makes and checks a crash image of the device for a crash seed.
+type Probe = Box<dyn Fn(&SimDevice, u64) + Send + Sync>;
+
 /// Write `i` of the crash-point workloads with live records left to move: every tenth a cold
 /// key written once, the others overwriting 150 hot keys, every seventh a deletion.
 fn hot_cold_and_deletions(i: u32) -> (u32, bool) {
-    if i % 10 == 0 { (1_000 + i, false) } else { (i % 150, i % 7 == 0) }
+    if i.is_multiple_of(10) { (1_000 + i, false) } else { (i % 150, i.is_multiple_of(7)) }
 }
 
 /// Runs 1,000 writes (`write(i)`: which key, and whether to delete it) with a sync every 50,

@@ -331,6 +331,7 @@ impl Fs {
     /// Creates `name` in `dir` (any type but directory; `target` for symlinks). With
     /// `exclusive` an existing name is `EEXIST`; otherwise the existing inode is returned
     /// (`false`: not created).
+    #[allow(clippy::too_many_arguments)] // mknod's, symlink's and open's arguments in one place
     pub fn create(&self, dir: u64, name: &[u8], mode: u32, rdev: u32, target: &[u8], owner: Owner, exclusive: bool) -> Result<(Inode, bool)> {
         check_name(name)?;
         if target.len() > SYMLINK_BYTES_MAX {

@@ -528,11 +528,9 @@ mod tests {
         /// A valid command is always inside the export and aligned.
         #[test]
         fn valid_commands_are_in_range(kind in 0u16..8, flags in 0u16..4, offset in 0u64..(2 << 20), len in 0u32..(256 << 10)) {
-            if let Ok(cmd) = validate(&req(kind, flags, offset, len), &LIMITS) {
-                if let Command::Read { offset, len } | Command::Write { offset, len, .. } | Command::Trim { offset, len, .. } | Command::WriteZeroes { offset, len, .. } = cmd {
-                    prop_assert!(len > 0 && offset + u64::from(len) <= LIMITS.size_bytes);
-                    prop_assert!(offset.is_multiple_of(512) && len.is_multiple_of(512));
-                }
+            if let Ok(Command::Read { offset, len } | Command::Write { offset, len, .. } | Command::Trim { offset, len, .. } | Command::WriteZeroes { offset, len, .. }) = validate(&req(kind, flags, offset, len), &LIMITS) {
+                prop_assert!(len > 0 && offset + u64::from(len) <= LIMITS.size_bytes);
+                prop_assert!(offset.is_multiple_of(512) && len.is_multiple_of(512));
             }
         }
 
