@@ -32,6 +32,8 @@ const POLL_INTERVAL_MS: u64 = 20;
 /// How long `run --fuse` waits for its FUSE mount to appear, and for the FUSE server to exit
 /// once unmounted.
 const FUSE_MOUNT_TIMEOUT_S: u64 = 15;
+/// How often `kura fs mount` looks whether it was unmounted, between waits for a signal.
+const FUSE_SIGNAL_POLL_MS: u64 = 200;
 /// The preload library's file name, next to the `kura` binary.
 pub const PRELOAD_LIB: &str = "libkura_fs.so";
 
@@ -40,7 +42,8 @@ pub enum FsCommand {
     /// Run COMMAND with the file system mounted (for it and its children) at --mount.
     Run(RunArgs),
     /// Expose the file system through FUSE at MOUNTPOINT (for static binaries and the rest of
-    /// the system); runs until unmounted (fusermount3 -u MOUNTPOINT) or SIGTERM.
+    /// the system); runs until unmounted (fusermount3 -u MOUNTPOINT), or until SIGTERM or
+    /// Ctrl-C, which write every file back and unmount.
     Mount(MountArgs),
     /// Stop the local server that `kura fs run`/`mount` started for --data-dir.
     Stop(PoolArgs),
@@ -261,10 +264,7 @@ impl FuseMount {
     /// Unmounts (lazily: a process the command left behind may still use it) and waits for
     /// the FUSE server to finish.
     fn stop(mut self) {
-        if let Ok(path) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) {
-            // SAFETY: a NUL-terminated path.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        }
+        unmount_lazily(&self.mountpoint);
         wait_or_kill(&mut self.server, Duration::from_secs(FUSE_MOUNT_TIMEOUT_S));
     }
 }
@@ -415,11 +415,44 @@ pub fn open_fs(urls: &[String], name: &str) -> anyhow::Result<Arc<kura_fs::Fs>> 
     Ok(kura_fs::Fs::open(kv, fs_config, owner)?)
 }
 
+/// Serves the file system at the mount point until it is unmounted, or until SIGTERM or
+/// SIGINT (`systemctl stop`, Ctrl-C): then every file's data still in this process goes to
+/// the pool, the mount is detached (lazily: files still open in it keep working until they
+/// are closed) and the server exits when the kernel ends the session.
 fn mount(args: &MountArgs) -> anyhow::Result<()> {
+    // Before any thread starts, so that every thread inherits the mask.
+    let signals = kura_server::signals::TerminationSignals::block().context("blocking SIGTERM/SIGINT")?;
     let (urls, lock) = pool_urls(&args.pool)?;
     let fs = open_fs(&urls, &args.pool.name)?;
     eprintln!("kura fs: serving {} at {} (unmount with: fusermount3 -u {})", urls.join(","), args.mountpoint.display(), args.mountpoint.display());
-    let result = kura_fs::fuse::mount(fs, &args.mountpoint, args.allow_other);
+    let serving = {
+        let (fs, mountpoint, allow_other) = (fs.clone(), args.mountpoint.clone(), args.allow_other);
+        std::thread::Builder::new().name("fuse".into()).spawn(move || kura_fs::fuse::mount(fs, &mountpoint, allow_other))?
+    };
+    while !serving.is_finished() {
+        if let Some(signal) = signals.wait(Duration::from_millis(FUSE_SIGNAL_POLL_MS)) {
+            tracing::info!(signal, "writing back and unmounting");
+            if let Err(e) = fs.writeback_all() {
+                eprintln!("kura fs: write-back at signal {signal} failed: {e}");
+            }
+            unmount_lazily(&args.mountpoint);
+            break;
+        }
+    }
+    let result = serving.join().map_err(|_| anyhow::anyhow!("the FUSE server thread panicked"))?;
+    // What arrived after the signal, until the kernel ended the session.
+    let written = fs.writeback_all();
     drop(lock);
-    result.with_context(|| format!("FUSE mount at {}", args.mountpoint.display()))
+    result.with_context(|| format!("FUSE mount at {}", args.mountpoint.display()))?;
+    written.context("final write-back")
+}
+
+/// Detaches the FUSE mount at `mountpoint`: umount2(MNT_DETACH) as root, else fusermount3.
+fn unmount_lazily(mountpoint: &Path) {
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else { return };
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return;
+    }
+    let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(mountpoint).stdin(Stdio::null()).status();
 }
