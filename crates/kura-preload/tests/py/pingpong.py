@@ -1,6 +1,6 @@
 """Two processes that open one file each for themselves (after a fork, by path: nothing is
 shared through the fork) and write it in turns without locks, each reading right away what
-the other just wrote. Each writes and fsyncs once first. Prints "coherent N" after N rounds,
+the other just wrote. Each writes and fsyncs once first, once both have it open. Prints "coherent N" after N rounds,
 or the first read that missed the other's write."""
 import os, sys
 
@@ -12,6 +12,9 @@ pid = os.fork()
 me, peer_at, my_at = ("child", 0, 8) if pid == 0 else ("parent", 8, 0)
 inbox, outbox = (to_child_r, to_parent_w) if pid == 0 else (to_parent_r, to_child_w)
 fd = os.open(path, os.O_RDWR)
+# Both have the file open before either writes it back (the write-back that shows the other).
+os.write(outbox, b"o")
+os.read(inbox, 1)
 os.pwrite(fd, b"%-7s\n" % me[:1].encode(), my_at)
 os.fsync(fd)
 os.write(outbox, b"s")
