@@ -30,6 +30,7 @@ pub mod layout;
 pub mod ns;
 mod openers;
 pub mod path;
+pub mod shebang;
 pub mod sync;
 
 use std::collections::HashMap;

@@ -805,7 +805,12 @@ fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Optio
         let node = node_of(fs, of)?;
         let _shared = fs.shared_io(node).map_err(fs_errno)?;
         let offset = at.unwrap_or_else(|| of.offset());
-        let n = if flags & libc::O_DIRECT != 0 { fs.read_direct(node, offset, out) } else { fs.read(node, offset, out) }.map_err(fs_errno)?;
+        // A file this process maps: its backing file holds the mapping's stores.
+        let mapped = if state.maps.any() { state.maps.read(of.ino, offset, out) } else { None };
+        let n = match mapped {
+            Some(n) => n?,
+            None => if flags & libc::O_DIRECT != 0 { fs.read_direct(node, offset, out) } else { fs.read(node, offset, out) }.map_err(fs_errno)?,
+        };
         if at.is_none() {
             of.set_offset(offset + n as u64);
         }
@@ -851,6 +856,13 @@ fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Op
             of.set_offset(offset + n as u64);
         }
         drop(_shared);
+        // Shared mappings of the file see the write at once (see crate::maps).
+        if state.maps.any() {
+            state.maps.wrote(of.ino, offset, &data[..n])?;
+        }
+        if node.is_shared() {
+            crate::maps::wrote_elsewhere(of.ino, offset, &data[..n])?;
+        }
         // A process that maps a file shared with others (sqlite's WAL index) publishes through
         // the mapping at once what its writes describe (a WAL commit's frames): the writes go
         // to the pool first, so that another process never reads past them.
@@ -2313,9 +2325,13 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
             set_errno(if of.is_dir { libc::ENODEV } else { libc::EINVAL });
             return libc::MAP_FAILED;
         }
-        if shared && prot & libc::PROT_WRITE != 0 {
+        if shared {
             // As the kernel: a writable shared mapping needs a descriptor open for writing.
-            if of.flags() & libc::O_ACCMODE != libc::O_RDWR || of.flags() & libc::O_APPEND != 0 {
+            if prot & libc::PROT_WRITE != 0 && (of.flags() & libc::O_ACCMODE != libc::O_RDWR || of.flags() & libc::O_APPEND != 0) {
+                set_errno(libc::EACCES);
+                return libc::MAP_FAILED;
+            }
+            if of.flags() & libc::O_ACCMODE == libc::O_WRONLY {
                 set_errno(libc::EACCES);
                 return libc::MAP_FAILED;
             }
@@ -2328,7 +2344,7 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
                 }
             };
         }
-        // A private (or read-only) copy of the file's bytes.
+        // A private copy of the file's bytes.
         let anon_flags = (flags & !libc::MAP_SHARED_VALIDATE) | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         let p = raw_call(anon_flags, -1, 0, libc::PROT_READ | libc::PROT_WRITE);
         if p == libc::MAP_FAILED {

@@ -11,16 +11,23 @@
 //!   file from kura; later mappings find it loaded and only extend it to the file's size.
 //! * The mapped bytes go to the kura file at `msync`, at the last `munmap` of the file in the
 //!   process, at `exit` and `exec` (as a kernel page cache writes dirty mapped pages back),
-//!   and a process that truncates the file truncates the backing file too. Between those
-//!   points `read`/`write` through descriptors do not see the mapping's stores (as with
-//!   `MAP_PRIVATE`), and a mapping process killed with `SIGKILL` loses what it stored since.
+//!   and a process that truncates the file truncates the backing file too.
+//! * `write`s go to the backing file too: the mapping process's own ([`SharedMaps::wrote`]),
+//!   and those of other processes while some process maps the file ([`wrote_elsewhere`]; they
+//!   read and write the file through the pool, since the mapping process has it open), so a
+//!   mapping sees every write made on the host at once, as with the kernel's page cache
+//!   (LMDB, and sqlite with `mmap_size`, write with `pwrite` and read through the mapping).
+//!   The mapping process's `read`s come from the backing file ([`SharedMaps::read`]), so they
+//!   see its stores. Other processes' `read`s see a mapping's stores at `msync`, `munmap` and
+//!   exit; a mapping process killed with `SIGKILL` loses what it stored since.
 //! * Two POSIX record locks on the backing file, far past any data: the *turn* (exclusive,
 //!   while a process loads, extends or writes back) and the *users* lock (shared, held by
 //!   every process that maps the file). The last user to leave removes the backing file; a
 //!   process that opened it just before re-checks, under the turn, that the path is still
 //!   its file, and opens it again if not.
 //!
-//! Read-only and private mappings are copies of the file's bytes (see `h_mmap`).
+//! Every `MAP_SHARED` mapping maps the backing file (a read-only one too, so that it sees
+//! writes); private mappings are copies of the file's bytes (see `h_mmap`).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -53,6 +60,11 @@ struct Backing {
     fd: OwnedFd,
     /// Holds the kura file open while it is mapped (a mapping outlives its descriptor).
     node: Arc<Node>,
+    /// This process mapped it writable: its stores go to the kura file at `msync`, `munmap`
+    /// and exit. Read-only mappings have nothing to give back, and writing the backing file
+    /// over the kura file would undo writes that did not reach the backing file (those of a
+    /// process that does not know yet that another maps the file).
+    stores: bool,
 }
 
 /// This process's writable shared mappings of kura files.
@@ -204,8 +216,8 @@ fn store(fs: &Arc<Fs>, node: &Arc<Node>, fd: c_int) -> Result<(), i32> {
 }
 
 impl SharedMaps {
-    /// Maps `[offset, offset + len)` of kura file `node` (inode `ino`) shared and writable,
-    /// as `mmap` would: the address, or an errno.
+    /// Maps `[offset, offset + len)` of kura file `node` (inode `ino`) shared, as `mmap`
+    /// would: the address, or an errno.
     #[allow(clippy::too_many_arguments)]
     pub fn map(&self, fs: &Arc<Fs>, node: &Arc<Node>, ino: u64, addr: *mut c_void, len: usize, prot: c_int, flags: c_int, offset: i64) -> Result<*mut c_void, i32> {
         let mut inner = self.inner.lock();
@@ -226,7 +238,7 @@ impl SharedMaps {
                 let inode = fs.getattr_open(ino).map_err(fs_errno)?;
                 let held = fs.open_node(&inode).map_err(fs_errno)?;
                 let raw = fd.as_raw_fd();
-                inner.backings.insert(ino, Backing { fd, node: held });
+                inner.backings.insert(ino, Backing { fd, node: held, stores: false });
                 (raw, turn)
             }
         };
@@ -243,6 +255,11 @@ impl SharedMaps {
             let e = errno();
             self.release_if_unmapped(fs, &mut inner, ino);
             return Err(e);
+        }
+        if prot & libc::PROT_WRITE != 0
+            && let Some(backing) = inner.backings.get_mut(&ino)
+        {
+            backing.stores = true;
         }
         let start = p as usize;
         // MAP_FIXED replaced whatever was mapped there.
@@ -300,7 +317,9 @@ impl SharedMaps {
         let Some(backing) = inner.backings.remove(&ino) else { return };
         let fd = backing.fd.as_raw_fd();
         if let Ok(turn) = Turn::take(fd) {
-            if let Err(e) = store(fs, &backing.node, fd) {
+            if backing.stores
+                && let Err(e) = store(fs, &backing.node, fd)
+            {
                 crate::hooks::complain(&format!("libkura_fs: writing a shared mapping back failed: errno {e}"));
             }
             let _ = lock(fd, USERS_LOCK_BYTE, libc::F_UNLCK, false);
@@ -327,7 +346,7 @@ impl SharedMaps {
         inos.sort_unstable();
         inos.dedup();
         for ino in inos {
-            let Some(backing) = inner.backings.get(&ino) else { continue };
+            let Some(backing) = inner.backings.get(&ino).filter(|b| b.stores) else { continue };
             let fd = backing.fd.as_raw_fd();
             let _turn = Turn::take(fd)?;
             store(fs, &backing.node, fd)?;
@@ -348,6 +367,27 @@ impl SharedMaps {
         }
     }
 
+    /// After this process wrote `data` at `offset` of kura file `ino`: the backing file gets
+    /// it too, if this process maps the file.
+    pub fn wrote(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), i32> {
+        let inner = self.inner.lock();
+        let Some(backing) = inner.backings.get(&ino) else { return Ok(()) };
+        let fd = backing.fd.as_raw_fd();
+        let _turn = Turn::take(fd)?;
+        pwrite_all(fd, data, offset)
+    }
+
+    /// A read of kura file `ino` that this process maps: from the backing file, which holds
+    /// the mapping's stores (`None` when it does not map the file).
+    pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Option<Result<usize, i32>> {
+        let inner = self.inner.lock();
+        let backing = inner.backings.get(&ino)?;
+        let fd = backing.fd.as_raw_fd();
+        // SAFETY: reading into the caller's buffer, writable for its length.
+        let n = unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), offset as i64) };
+        Some(if n < 0 { Err(errno()) } else { Ok(n as usize) })
+    }
+
     /// In a child after `fork`: it maps what its parent mapped, so it is a user too (POSIX
     /// record locks are not inherited).
     pub fn after_fork_in_child(&self) {
@@ -356,4 +396,25 @@ impl SharedMaps {
             let _ = lock(backing.fd.as_raw_fd(), USERS_LOCK_BYTE, libc::F_RDLCK, false);
         }
     }
+}
+
+/// After this process wrote `data` at `offset` of kura file `ino`, which it does not map and
+/// other processes have open: when some process of the host maps the file, its backing file
+/// gets the write too (under the turn), so the mapping sees it at once.
+pub fn wrote_elsewhere(ino: u64, offset: u64, data: &[u8]) -> Result<(), i32> {
+    let path = backing_path(ino);
+    // SAFETY: path is NUL-terminated; an open of our own that creates nothing.
+    let raw = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Ok(()); // nobody maps it
+    }
+    // SAFETY: a descriptor just opened, owned from here.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw as c_int) };
+    let _turn = Turn::take(fd.as_raw_fd())?;
+    // Only a file some process maps now is current; one its last user left (removing it) or
+    // a killed user left behind is not.
+    if still_named(fd.as_raw_fd(), &path) && others_map(fd.as_raw_fd())? {
+        pwrite_all(fd.as_raw_fd(), data, offset)?;
+    }
+    Ok(())
 }

@@ -789,6 +789,49 @@ fn sqlite_wal_mode_in_four_processes_keeps_every_transaction() {
     assert_eq!(out, "consistent\n450 450 ok\ndb\n", "as on the kernel: the last connection checkpoints and removes -wal and -shm");
 }
 
+/// The same with `PRAGMA mmap_size` in both journal modes: sqlite writes pages with `pwrite`
+/// and reads them through a shared read-only mapping of the database, which must show every
+/// write made on the host, its own and other processes'. (When read-only mappings were
+/// copies, sqlite's own checks kept this working; the first version of mappings that see
+/// writes wrote the backing file back over the database at every `munmap` and lost an update:
+/// "449 450 ok".)
+#[test]
+fn sqlite_reading_through_mmap_in_four_processes_keeps_every_transaction() {
+    for mode in ["DELETE", "WAL"] {
+        let setup = format!("export SQLITE_MMAP_SIZE=67108864 SQLITE_JOURNAL_MODE={mode};");
+        let Some(out) = sqlite_counter_processes(&setup, "& python3 {py} db watch 200 ", "") else { return };
+        assert_eq!(out, "consistent\n450 450 ok\n", "journal mode {mode}");
+    }
+}
+
+/// Shared mappings of a kura file see what is written to it, as through the kernel's page
+/// cache: a read-only mapping shows this process's `pwrite` and another process's write (a
+/// `dd` run meanwhile) at once, and `pread` shows a writable mapping's store before any
+/// `msync`. Compared with the kernel on a host directory. (A shared read-only mapping was a
+/// copy of the file at `mmap` time, and reads did not see stores until `msync`.)
+#[test]
+fn shared_mappings_see_writes_as_the_kernels_do() {
+    let script = r#"python3 - "$1/lm" <<'PY'
+import mmap, os, subprocess, sys
+path = sys.argv[1]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 8192)
+m = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ)
+os.pwrite(fd, b"OWN", 100)
+print("own write seen", m[100:103] == b"OWN")
+subprocess.run(["sh", "-c", f"printf OTHER | dd of={path} bs=1 seek=200 conv=notrunc status=none"], check=True)
+print("other process's write seen", m[200:205] == b"OTHER")
+w = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+w[300:305] = b"STORE"
+print("store seen by pread", os.pread(fd, 5, 300) == b"STORE", "and by the other mapping", m[300:305] == b"STORE")
+w.close(); m.close(); os.close(fd)
+print(open(path, "rb").read()[100:305].replace(b"\0", b"").decode())
+PY"#;
+    let (want, got) = kernel_and_kura(script);
+    assert_eq!(want, "own write seen True\nother process's write seen True\nstore seen by pread True and by the other mapping True\nOWNOTHERSTORE\n");
+    assert_eq!(got, want);
+}
+
 /// Three processes updating one sqlite database at once (rollback journal, fcntl locks), each
 /// 150 transactions adding one to a counter: every transaction is kept and the database is
 /// sound. Locks make the processes' caches coherent, as NFS's do: a process writes a file

@@ -1,5 +1,6 @@
 """One of several processes sharing a sqlite database (fcntl locks; the journal mode is
-$SQLITE_JOURNAL_MODE, default DELETE, a rollback journal; WAL adds the shared-memory index):
+$SQLITE_JOURNAL_MODE, default DELETE, a rollback journal; WAL adds the shared-memory index;
+$SQLITE_MMAP_SIZE reads pages through a shared mapping):
 `sqlite_counter.py DB init 0` makes it; `DB NAME N` runs N transactions that each add one to a
 counter and a row to a log; `DB watch N` reads N times, checking in each read that the counter
 equals the rows and never went down, and prints "consistent"; `DB check 0` prints the counter,
@@ -8,6 +9,8 @@ import sqlite3, sys, os, time
 path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 db = sqlite3.connect(path, timeout=60, isolation_level=None)
 db.execute("PRAGMA journal_mode=" + os.environ.get("SQLITE_JOURNAL_MODE", "DELETE"))
+# $SQLITE_MMAP_SIZE > 0: pages are read through a shared mapping of the database file.
+db.execute("PRAGMA mmap_size=" + os.environ.get("SQLITE_MMAP_SIZE", "0"))
 if who == "init":
     db.execute("CREATE TABLE IF NOT EXISTS c (k INTEGER PRIMARY KEY, n INTEGER)")
     db.execute("CREATE TABLE IF NOT EXISTS log (who TEXT, i INTEGER, pad TEXT)")
