@@ -90,10 +90,28 @@ impl KuraNode {
     }
 }
 
-/// `kill -<signal> <pid>`.
+/// `kill -<signal> <pid>`; after `STOP`, waits until every thread of the process has stopped.
+/// The stop is delivered asynchronously: a thread running on the other core could still
+/// answer a request sent right after `kill` returned (CI saw a get answered that should have
+/// timed out).
 pub fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().expect("kill");
     assert!(status.success(), "kill -{signal} {pid}");
+    if signal != "STOP" {
+        return;
+    }
+    let stopped = |stat: &str| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with(['T', 't']));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|dir| dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok()).collect())
+            .unwrap_or_default();
+        if !tasks.is_empty() && tasks.iter().all(|t| stopped(t)) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "process {pid} not stopped 5 s after kill -STOP");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Stock memcached, all in RAM.
