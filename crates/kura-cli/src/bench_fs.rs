@@ -41,7 +41,6 @@ pub(crate) const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 const FUSE_MOUNT_TIMEOUT_S: u64 = 30;
 /// How long the FUSE server has to exit after it is unmounted.
 const FUSE_EXIT_TIMEOUT_S: u64 = 10;
-const POLL_INTERVAL_MS: u64 = 50;
 /// The preload's mount prefix in the benchmark.
 const KURA_MOUNT: &str = "/kura";
 /// The benchmark file's name on every side.
@@ -357,12 +356,14 @@ fn check_free_space(dir: &Path, args: &FsBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `statfs(2)`'s file system type of `path`, as the kernel sees it: by system call, not libc,
+/// which a preload (a `kura fs run` inside another) would answer for its own mount.
 pub(crate) fn statfs_type(path: &Path) -> anyhow::Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: an all-zero statfs is a valid value of the plain C struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is NUL-terminated; st is a valid statfs to write into.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+    if unsafe { libc::syscall(libc::SYS_statfs, c.as_ptr(), &mut st as *mut libc::statfs) } != 0 {
         bail!("statfs {}: {}", path.display(), std::io::Error::last_os_error());
     }
     Ok(st.f_type as i64)
@@ -423,28 +424,10 @@ impl FuseMount {
     fn start(dir: &Path, store_size: ByteSize) -> anyhow::Result<Self> {
         let mount = dir.join("fuse-mnt");
         fs::create_dir_all(&mount)?;
-        let log = File::create(dir.join("fuse.log"))?;
-        let child = Command::new(std::env::current_exe()?)
-            .args(["fs", "mount"])
-            .arg(&mount)
-            .args(["--pool", "embedded", "--store-size", &store_size.0.to_string(), "--data-dir"])
-            .arg(dir.join("fuse-data"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .env_remove("LD_PRELOAD")
-            .spawn()
-            .context("cannot start kura fs mount")?;
-        let mut me = Self { child, mount };
-        let deadline = Instant::now() + Duration::from_secs(FUSE_MOUNT_TIMEOUT_S);
-        while statfs_type(&me.mount)? != FUSE_SUPER_MAGIC {
-            if me.child.try_wait()?.is_some() || Instant::now() > deadline {
-                let log = fs::read_to_string(dir.join("fuse.log")).unwrap_or_default();
-                bail!("kura fs mount did not come up (use --skip-fuse to run without it): {}", log.trim());
-            }
-            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
-        }
-        Ok(me)
+        let data = dir.join("fuse-data");
+        let options = ["--pool", "embedded", "--store-size", &store_size.0.to_string(), "--data-dir", &data.to_string_lossy()];
+        let child = crate::fs_cmd::spawn_fuse_mount(&mount, &options, &dir.join("fuse.log"), Duration::from_secs(FUSE_MOUNT_TIMEOUT_S)).context("use --skip-fuse to run without it")?;
+        Ok(Self { child, mount })
     }
 }
 

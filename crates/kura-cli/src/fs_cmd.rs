@@ -237,27 +237,12 @@ impl FuseMount {
             }
         }
         fs::create_dir_all(&mountpoint).with_context(|| format!("cannot create the mount point {}", mountpoint.display()))?;
-        let exe = std::env::current_exe()?;
         fs::create_dir_all(&args.pool.data_dir).with_context(|| format!("cannot create {}", args.pool.data_dir.display()))?;
-        let log_path = args.pool.data_dir.join("fuse.log");
-        let log = File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut cmd = Command::new(exe);
-        cmd.args(["fs", "mount", "--name", &args.pool.name]).arg(&mountpoint).env_remove("LD_PRELOAD").stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        let mut pool: Vec<&str> = vec!["--name", &args.pool.name];
         for url in urls {
-            cmd.args(["--pool", url]);
+            pool.extend(["--pool", url]);
         }
-        let mut server = cmd.spawn().context("cannot start kura fs mount")?;
-        let deadline = Instant::now() + Duration::from_secs(FUSE_MOUNT_TIMEOUT_S);
-        while !is_fuse_mount(&mountpoint) {
-            if let Some(status) = server.try_wait()? {
-                bail!("kura fs mount at {} exited ({status}) before mounting; see {}", mountpoint.display(), log_path.display());
-            }
-            if Instant::now() > deadline {
-                let _ = server.kill();
-                bail!("kura fs mount did not mount {} within {FUSE_MOUNT_TIMEOUT_S} s", mountpoint.display());
-            }
-            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
-        }
+        let server = spawn_fuse_mount(&mountpoint, &pool, &args.pool.data_dir.join("fuse.log"), Duration::from_secs(FUSE_MOUNT_TIMEOUT_S))?;
         Ok(Self { server, mountpoint })
     }
 
@@ -269,19 +254,44 @@ impl FuseMount {
     }
 }
 
-/// Whether a FUSE file system is mounted at `mountpoint` (in this mount namespace), as the
-/// kernel sees it: by system call, not libc, which a preload (a `kura fs run` inside another)
-/// would answer for its own mount.
-fn is_fuse_mount(mountpoint: &Path) -> bool {
-    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else { return false };
-    // SAFETY: a zeroed statfs is a valid value; statfs writes only into it.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a writable struct that lives across the call.
-    let r = unsafe { libc::syscall(libc::SYS_statfs, path.as_ptr(), &mut st as *mut libc::statfs) };
-    r == 0 && st.f_type as i64 == crate::bench_fs::FUSE_SUPER_MAGIC
+/// Starts `kura fs mount MOUNTPOINT` with `options` (its output in `log_path`) and waits until
+/// the kernel shows a FUSE file system there; the server is killed if it does not mount
+/// within `timeout`.
+pub(crate) fn spawn_fuse_mount(mountpoint: &Path, options: &[&str], log_path: &Path, timeout: Duration) -> anyhow::Result<std::process::Child> {
+    let log = File::create(log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+    let mut server = Command::new(std::env::current_exe()?)
+        .args(["fs", "mount"])
+        .arg(mountpoint)
+        .args(options)
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start kura fs mount")?;
+    let deadline = Instant::now() + timeout;
+    while !is_fuse_mount(mountpoint) {
+        let log = || fs::read_to_string(log_path).unwrap_or_default();
+        if let Some(status) = server.try_wait()? {
+            bail!("kura fs mount at {} exited ({status}) before mounting: {}", mountpoint.display(), log().trim());
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            let _ = server.wait();
+            bail!("kura fs mount did not mount {} within {} s: {}", mountpoint.display(), timeout.as_secs(), log().trim());
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+    Ok(server)
 }
 
-/// Whether `path` is a directory as the kernel sees it (see [`is_fuse_mount`]).
+/// Whether a FUSE file system is mounted at `mountpoint` (in this mount namespace).
+fn is_fuse_mount(mountpoint: &Path) -> bool {
+    crate::bench_fs::statfs_type(mountpoint).is_ok_and(|t| t == crate::bench_fs::FUSE_SUPER_MAGIC)
+}
+
+/// Whether `path` is a directory as the kernel sees it: by system call, not libc, which a
+/// preload (a `kura fs run` inside another) would answer for its own mount.
 fn kernel_is_dir(path: &Path) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
     // SAFETY: a zeroed stat is a valid value; fstatat writes only into it.

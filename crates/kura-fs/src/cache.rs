@@ -216,10 +216,11 @@ impl Drop for HostLock {
     }
 }
 
-/// Takes (`F_WRLCK`) or drops (`F_UNLCK`) this process's POSIX lock on byte `ino` of `fd`,
-/// waiting for other processes' (signals interrupting the wait are waited through).
-fn record_lock(fd: i32, ino: u64, kind: libc::c_int) -> std::io::Result<()> {
-    let mut fl = libc::flock { l_type: kind as i16, l_whence: libc::SEEK_SET as i16, l_start: (ino & (i64::MAX as u64)) as i64, l_len: 1, l_pid: 0 };
+/// Takes (`F_WRLCK`, `F_RDLCK`) or drops (`F_UNLCK`) this process's POSIX lock on byte `byte`
+/// of `fd` (an inode number here; the preload's shared-mapping files use it too), waiting for
+/// other processes' (signals interrupting the wait are waited through).
+pub fn record_lock(fd: i32, byte: u64, kind: libc::c_int) -> std::io::Result<()> {
+    let mut fl = libc::flock { l_type: kind as i16, l_whence: libc::SEEK_SET as i16, l_start: (byte & (i64::MAX as u64)) as i64, l_len: 1, l_pid: 0 };
     loop {
         // SAFETY: `fl` is a struct flock that lives across the call.
         if unsafe { libc::fcntl(fd, libc::F_SETLKW, &mut fl as *mut libc::flock) } == 0 {
@@ -661,7 +662,7 @@ impl Fs {
     /// them, as an NFS client writes back before it unlocks. Every file's, not only the
     /// locked one's: programs guard files with locks on others (sqlite's WAL mode guards
     /// the `-wal` file with locks on the `-shm` file).
-    pub fn before_unlock(&self, _ino: u64) -> Result<()> {
+    pub fn before_unlock(&self) -> Result<()> {
         self.writeback_all()
     }
 

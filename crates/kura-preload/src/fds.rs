@@ -22,6 +22,15 @@ pub fn lock_file_path(ino: u64) -> (Vec<u8>, Vec<u8>) {
     (format!("{dir}\0").into_bytes(), file)
 }
 
+/// This process's open descriptors, in order (from `/proc/self/fd`; none when it cannot be
+/// read).
+pub fn open_descriptors() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut fds: Vec<i32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    fds.sort_unstable();
+    fds
+}
+
 /// A host file kura keeps beside the lock file of `ino` (its name plus `suffix`: a shared
 /// mapping's backing file, a FIFO's kernel FIFO), and the lock directory, made if missing
 /// (both NUL-terminated).
@@ -332,10 +341,7 @@ impl FdTable {
 
     /// Finds kura placeholders inherited across `exec` (by their memfd name) and adopts them.
     pub fn recover_inherited(&self) {
-        let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-            return;
-        };
-        let fds: Vec<i32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).take(INHERITED_SCAN_MAX).collect();
+        let fds: Vec<i32> = open_descriptors().into_iter().take(INHERITED_SCAN_MAX).collect();
         let mut link = [0u8; 256];
         // Descriptors of one description (one memfd) share one open file, as before `exec`.
         let mut adopted: Vec<(u64, Arc<OpenFile>)> = Vec::new();

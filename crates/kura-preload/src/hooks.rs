@@ -628,7 +628,7 @@ fn descriptor_closed(state: &State, of: &OpenFile) {
     let lfd = *of.lock_fd.lock();
     let lfd = lfd.or_else(|| state.fds.all().into_iter().find_map(|(_, o)| if o.ino == of.ino { *o.lock_fd.lock() } else { None }));
     if let Some(lfd) = lfd {
-        written_back_before_unlock(state, of.ino);
+        written_back_before_unlock(state);
         let mut all = libc::flock { l_type: libc::F_UNLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: 0, l_len: 0, l_pid: 0 };
         // SAFETY: `all` is a struct flock that lives across the call.
         unsafe { libc::syscall(libc::SYS_fcntl, lfd, libc::F_SETLK, &mut all as *mut libc::flock) };
@@ -698,8 +698,10 @@ extern "C" fn h_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int 
         let base = kura_engine::fd::high_base();
         let kept: Vec<c_int> = {
             let _busy = Busy::enter();
-            open_descriptors_from(base.max(first.min(c_int::MAX as c_uint) as c_int))
+            let from = base.max(first.min(c_int::MAX as c_uint) as c_int);
+            fds::open_descriptors()
                 .into_iter()
+                .filter(|&fd| fd >= from)
                 .filter(|&fd| in_range(fd) && raw::fcntl(fd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC != 0))
                 .collect()
         };
@@ -717,15 +719,6 @@ extern "C" fn h_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int 
         }
         if from <= last { kernel(from, last) } else { 0 }
     })
-}
-
-/// This process's open descriptors at or above `from`, in order (from `/proc/self/fd`; none
-/// when it cannot be read).
-fn open_descriptors_from(from: c_int) -> Vec<c_int> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
-    let mut fds: Vec<c_int> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd >= from).collect();
-    fds.sort_unstable();
-    fds
 }
 
 fn install_dup(state: &State, of: Arc<OpenFile>, newfd: c_long) -> c_int {
@@ -1389,7 +1382,7 @@ fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -
         state.fds.note_posix_lock(of.ino);
     }
     if unlocks {
-        written_back_before_unlock(state, of.ino);
+        written_back_before_unlock(state);
     }
     // SAFETY: `fl` is a struct flock that lives across the call.
     let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, &mut fl as *mut libc::flock) };
@@ -1414,16 +1407,16 @@ fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -
     Ok(r as c_int)
 }
 
-/// Locks make the page cache coherent between processes, as NFS's do: a process writes a
-/// file back before it releases a lock on it, and revalidates its cache after it takes one
-/// ([`Fs::before_unlock`], [`Fs::after_lock`]). A write-back that fails here leaves the data
+/// Locks make the page cache coherent between processes, as NFS's do: a process writes its
+/// files back before it releases a lock, and revalidates its cache after it takes one
+/// ([`Fs::before_unlock`], [`Fs::after_lock`]: every file's, since a lock may guard others). A write-back that fails here leaves the data
 /// dirty for the next write-back, whose `fsync` or `close` reports it; the unlock goes on.
 /// Called outside any kura call of this thread (they take the fork gate here).
-fn written_back_before_unlock(state: &State, ino: u64) {
+fn written_back_before_unlock(state: &State) {
     let _gate = state.fork_gate.enter();
     let _busy = Busy::enter();
     if let Some(fs) = state.fs_if_open()
-        && let Err(e) = fs.before_unlock(ino)
+        && let Err(e) = fs.before_unlock()
     {
         complain(&format!("libkura_fs: write-back before an unlock failed: {e}"));
     }
@@ -1455,7 +1448,7 @@ extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
             let unlocks = op & libc::LOCK_UN != 0;
             return ret_int(lock_fd(state, &of).and_then(|lfd| {
                 if unlocks && !of.is_dir {
-                    written_back_before_unlock(state, of.ino);
+                    written_back_before_unlock(state);
                 }
                 // SAFETY: integers.
                 let r = unsafe { libc::syscall(libc::SYS_flock, lfd, op) };

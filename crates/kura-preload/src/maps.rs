@@ -81,18 +81,9 @@ struct MapsInner {
     backings: HashMap<u64, Backing>,
 }
 
-fn lock(fd: c_int, byte: i64, kind: c_int, wait: bool) -> Result<(), i32> {
-    let mut fl = libc::flock { l_type: kind as i16, l_whence: libc::SEEK_SET as i16, l_start: byte, l_len: 1, l_pid: 0 };
-    loop {
-        // SAFETY: `fl` is a struct flock that lives across the call.
-        if unsafe { libc::syscall(libc::SYS_fcntl, fd, if wait { libc::F_SETLKW } else { libc::F_SETLK }, &mut fl as *mut libc::flock) } == 0 {
-            return Ok(());
-        }
-        let e = errno();
-        if e != libc::EINTR {
-            return Err(e);
-        }
-    }
+/// [`kura_fs::cache::record_lock`] on byte `byte` of a backing file, with an errno.
+fn lock(fd: c_int, byte: i64, kind: c_int) -> Result<(), i32> {
+    kura_fs::cache::record_lock(fd, byte as u64, kind).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 /// Whether another process holds the users lock of `fd`.
@@ -110,14 +101,14 @@ struct Turn(c_int);
 
 impl Turn {
     fn take(fd: c_int) -> Result<Self, i32> {
-        lock(fd, TURN_LOCK_BYTE, libc::F_WRLCK, true)?;
+        lock(fd, TURN_LOCK_BYTE, libc::F_WRLCK)?;
         Ok(Self(fd))
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let _ = lock(self.0, TURN_LOCK_BYTE, libc::F_UNLCK, false);
+        let _ = lock(self.0, TURN_LOCK_BYTE, libc::F_UNLCK);
     }
 }
 
@@ -234,7 +225,7 @@ impl SharedMaps {
                     unsafe { libc::syscall(libc::SYS_ftruncate, fd.as_raw_fd(), 0i64) };
                     load(fs, node, fd.as_raw_fd(), 0, size)?;
                 }
-                lock(fd.as_raw_fd(), USERS_LOCK_BYTE, libc::F_RDLCK, true)?;
+                lock(fd.as_raw_fd(), USERS_LOCK_BYTE, libc::F_RDLCK)?;
                 let inode = fs.getattr_open(ino).map_err(fs_errno)?;
                 let held = fs.open_node(&inode).map_err(fs_errno)?;
                 let raw = fd.as_raw_fd();
@@ -322,7 +313,7 @@ impl SharedMaps {
             {
                 crate::hooks::complain(&format!("libkura_fs: writing a shared mapping back failed: errno {e}"));
             }
-            let _ = lock(fd, USERS_LOCK_BYTE, libc::F_UNLCK, false);
+            let _ = lock(fd, USERS_LOCK_BYTE, libc::F_UNLCK);
             if others_map(fd) == Ok(false) {
                 let path = backing_path(ino);
                 if still_named(fd, &path) {
@@ -393,7 +384,7 @@ impl SharedMaps {
     pub fn after_fork_in_child(&self) {
         let inner = self.inner.lock();
         for backing in inner.backings.values() {
-            let _ = lock(backing.fd.as_raw_fd(), USERS_LOCK_BYTE, libc::F_RDLCK, false);
+            let _ = lock(backing.fd.as_raw_fd(), USERS_LOCK_BYTE, libc::F_RDLCK);
         }
     }
 }
