@@ -423,3 +423,62 @@ fn a_server_that_dies_under_the_export_fails_reads_then_serves_again() {
     }
     run("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0xc4 1M 1M"]).unwrap();
 }
+
+/// CPU seconds (user + system) a process has used, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // The fields after the command name (which may hold spaces) start after its ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// `--busy-poll-us`: connections that watch the socket without sleeping after a reply serve
+/// queue-depth-1 clients exactly as sleeping ones do: fio's verified writes and reads, a
+/// request whose payload comes during the poll, a client that hangs up during it. Once the
+/// clients are gone the server goes back to sleep (its CPU time stops growing), and a poll
+/// longer than the limit is refused at the command line.
+#[test]
+fn busy_polling_connections_serve_and_go_back_to_sleep() {
+    let backend = Backend::embedded();
+    backend.create_volume("p", "8M");
+    let limit = kura_block::nbd::server::BUSY_POLL_US_MAX;
+    let too_long = run(common::kura_bin().to_str().unwrap(), &["block", "nbd", "--busy-poll-us", &(limit + 1).to_string(), "--pool", &backend.url()])
+        .expect_err("a busy poll past the limit");
+    assert!(too_long.contains("--busy-poll-us") && too_long.contains(&limit.to_string()), "{too_long}");
+
+    let nbd = NbdProcess::start(&backend.url(), &["--busy-poll-us", "10000"]);
+    if require_cmd("fio").is_ok() {
+        let uri_arg = format!("--uri={}", nbd.uri("p"));
+        fio(&["--name=qd1", "--ioengine=nbd", &uri_arg, "--rw=randwrite", "--bs=4k", "--size=4M", "--iodepth=1", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1"]).unwrap();
+    } else {
+        eprintln!("skipping the fio part: fio is not installed");
+    }
+    let mut c = RawClient::connect(&nbd.addr);
+    assert_eq!(c.go("p"), 8 << 20);
+    for round in 0..20u8 {
+        // The header now, the payload after a pause shorter than the poll.
+        c.request(proto::CMD_WRITE, 0, u64::from(round), 4096 * u64::from(round), 4096, &[]);
+        std::thread::sleep(Duration::from_micros(2_000));
+        c.s.write_all(&[round ^ 0x5a; 4096]).unwrap();
+        assert_eq!(c.reply(0), (0, u64::from(round), vec![]));
+        c.request(proto::CMD_READ, 0, 100 + u64::from(round), 4096 * u64::from(round), 4096, &[]);
+        assert_eq!(c.reply(4096), (0, 100 + u64::from(round), vec![round ^ 0x5a; 4096]));
+    }
+    // Gone in the middle of a poll: right after a reply.
+    let mut gone = RawClient::connect(&nbd.addr);
+    gone.go("p");
+    gone.request(proto::CMD_READ, 0, 1, 0, 4096, &[]);
+    assert_eq!(gone.reply(4096).0, 0);
+    drop(gone);
+    c.request(proto::CMD_READ, 0, 7, 0, 4096, &[]);
+    assert_eq!(c.reply(4096), (0, 7, vec![0x5a; 4096]));
+    drop(c);
+
+    std::thread::sleep(Duration::from_millis(200));
+    let before = cpu_seconds(nbd.pid());
+    std::thread::sleep(Duration::from_millis(1_000));
+    let used = cpu_seconds(nbd.pid()) - before;
+    assert!(used < 0.2, "the idle server used {used:.2} s of CPU in 1 s: a connection still polling");
+}

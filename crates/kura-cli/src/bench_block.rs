@@ -76,6 +76,10 @@ pub struct BlockBenchArgs {
     /// RAM cache of the kura server in MiB (`kura serve -m`).
     #[arg(long, default_value_t = 64)]
     server_memory_mb: u64,
+    /// `kura block nbd --busy-poll-us` of the NBD frontend (0: connections sleep as soon as
+    /// their replies are out).
+    #[arg(long, default_value_t = 0)]
+    nbd_busy_poll_us: u32,
     /// Skip the qemu-nbd anchor.
     #[arg(long)]
     skip_qemu: bool,
@@ -135,7 +139,7 @@ pub fn run(args: &BlockBenchArgs) -> anyhow::Result<()> {
         "bench": "block",
         "config": {
             "size_bytes": args.size.0, "runtime_s": args.runtime_s, "depth": args.depth, "rounds": args.rounds,
-            "server_threads": args.server_threads, "server_memory_mb": args.server_memory_mb,
+            "server_threads": args.server_threads, "server_memory_mb": args.server_memory_mb, "nbd_busy_poll_us": args.nbd_busy_poll_us,
             "dir": dir.display().to_string(), "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "load_average_1m_at_end": load_average(),
         },
@@ -643,7 +647,8 @@ fn measure_nbd(url: &str, args: &BlockBenchArgs, dir: &Path, progress: &Progress
     let volume = volume_name("nbd");
     let start = || -> anyhow::Result<Proc> {
         let mut cmd = kura_cmd()?;
-        cmd.args(["block", "nbd", "--listen", "none", "--unix"]).arg(&socket).args(["--volume", &volume, "--pool", url]).stdout(Stdio::null());
+        cmd.args(["block", "nbd", "--listen", "none", "--unix"]).arg(&socket).args(["--volume", &volume, "--pool", url]);
+        cmd.args(["--busy-poll-us", &args.nbd_busy_poll_us.to_string()]).stdout(Stdio::null());
         let _ = std::fs::remove_file(&socket);
         let mut nbd = Proc::spawn("kura block nbd", &mut cmd)?;
         wait_until("kura block nbd", &mut nbd, || UnixStream::connect(&socket).is_ok())?;

@@ -197,6 +197,10 @@ impl NbdProcess {
         format!("nbd://{}/{volume}", self.addr)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn port(&self) -> u16 {
         self.addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port")
     }
