@@ -179,8 +179,10 @@ pub struct Node {
     pub ino: u64,
     inner: Mutex<NodeInner>,
     /// One write-back (or truncate) of this node at a time, so `fsync` waits for the
-    /// background worker's pass that took pages before it.
-    wb_lock: Mutex<()>,
+    /// background worker's pass that took pages before it. It counts this process's changes
+    /// of the node's record: [`Fs::after_lock`] reads records before it takes this lock, and
+    /// one read before a change of ours is older than what we cache.
+    wb_lock: Mutex<u64>,
     /// Another process may have changed the file since this process last looked (set after
     /// `fork`: parent and child share descriptors, not caches): reload before the next use.
     stale: AtomicBool,
@@ -349,7 +351,7 @@ impl Node {
                 append_base: None,
                 error: None,
             }),
-            wb_lock: Mutex::new(()),
+            wb_lock: Mutex::new(0),
             stale: AtomicBool::new(false),
             registered: Mutex::new(false),
             shared: AtomicBool::new(false),
@@ -597,6 +599,8 @@ impl Fs {
     pub fn invalidate_cached(&self) {
         let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
         for node in nodes {
+            // Not in the middle of a write-back (pages sent, the record's size not yet).
+            let _no_writeback = node.wb_lock.lock();
             let mut inner = node.inner.lock();
             if inner.dirty > 0 || inner.meta_dirty {
                 continue;
@@ -682,6 +686,7 @@ impl Fs {
             return;
         }
         let keys: Vec<Vec<u8>> = nodes.iter().map(|n| self.keys.inode(n.ino)).collect();
+        let record_writes: Vec<u64> = nodes.iter().map(|n| *n.wb_lock.lock()).collect();
         let records = self.kv.get_meta_many(&keys).ok();
         for (i, node) in nodes.iter().enumerate() {
             let loaded = records.as_ref().and_then(|r| r.get(i)?.as_ref()).and_then(|bytes| Inode::decode(&keys[i], bytes).ok());
@@ -693,15 +698,21 @@ impl Fs {
                 }
                 continue;
             }
-            self.revalidate_after_lock(node, loaded);
+            self.revalidate_after_lock(node, loaded, record_writes[i]);
         }
     }
 
     /// [`Fs::after_lock`] for one node not shared: brought up to `loaded`, its record.
-    fn revalidate_after_lock(&self, node: &Arc<Node>, loaded: Option<Inode>) {
+    fn revalidate_after_lock(&self, node: &Arc<Node>, loaded: Option<Inode>, record_writes_before_read: u64) {
         // No write-back of this node half done (its pages in the pool, the size not yet):
         // clean then means all of it is in the record.
-        let _no_writeback = node.wb_lock.lock();
+        let record_writes = node.wb_lock.lock();
+        if *record_writes != record_writes_before_read {
+            // This process wrote the record after `loaded` was read (a thread's write written
+            // back meanwhile): what it caches is newer. A clean node took `loaded`'s size,
+            // and lost the writes (fstat said 0 after four 4 KiB writes, tests/c/fork_threads.c).
+            return;
+        }
         let mut inner = node.inner.lock();
         match loaded {
             Some(inode) if inner.dirty == 0 && !inner.meta_dirty => {
@@ -1115,7 +1126,10 @@ impl Fs {
 
     /// Writes every dirty page of `node` and its size and mtime to the pool (not flushed).
     pub fn writeback(&self, node: &Arc<Node>) -> Result<()> {
-        let _one_at_a_time = node.wb_lock.lock();
+        let mut record_writes = node.wb_lock.lock();
+        if node.is_dirty() {
+            *record_writes += 1;
+        }
         self.writeback_held(node)
     }
 
@@ -1336,7 +1350,10 @@ impl Fs {
             return Err(FsError::Invalid);
         }
         let node = self.nodes.lock().get(&ino).cloned();
-        let _guard = node.as_ref().map(|n| n.wb_lock.lock());
+        let mut guard = node.as_ref().map(|n| n.wb_lock.lock());
+        if let Some(record_writes) = guard.as_deref_mut() {
+            *record_writes += 1;
+        }
         if let Some(node) = &node {
             self.writeback_held(node)?;
         }

@@ -2533,7 +2533,7 @@ extern "C" fn h_vfork() -> libc::pid_t {
 /// Every patched function and its handler (same prototype). Aliases of one code address are
 /// patched once; names this libc lacks are skipped.
 pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
-    vec![
+    let mut hooks = vec![
     (c"open", h_open as *const () as usize),
     (c"open64", h_open as *const () as usize),
     (c"__open_2", h_open_2 as *const () as usize),
@@ -2658,7 +2658,14 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"sendmsg", crate::sock::h_sendmsg as *const () as usize),
     (c"getsockname", crate::sock::h_getsockname as *const () as usize),
     (c"getpeername", crate::sock::h_getpeername as *const () as usize),
-    ]
+    ];
+    // glibc's spawned child shares the parent's memory; ours is a fork (see spawn.rs), made
+    // only where glibc's file actions are laid out as spawn.rs reads them.
+    if crate::spawn::layout_matches() {
+        hooks.push((c"posix_spawn", crate::spawn::h_posix_spawn as *const () as usize));
+        hooks.push((c"posix_spawnp", crate::spawn::h_posix_spawnp as *const () as usize));
+    }
+    hooks
 }
 
 /// For the directory code: dispatches like the patched functions.

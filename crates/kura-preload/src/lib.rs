@@ -44,6 +44,7 @@ mod patch;
 mod paths;
 mod signals;
 mod sock;
+mod spawn;
 mod state;
 
 pub use state::State;

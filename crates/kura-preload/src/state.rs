@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kura_fs::sync::{Mutex, RwLock, RwLockWriteGuard};
+use kura_fs::sync::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
 use kura_fs::{Fs, FsConfig, FsError, Owner, PoolKv, WritebackPause};
 
 use crate::fds::{FdTable, FdTableForkLock};
@@ -44,6 +44,13 @@ pub struct State {
     owner_pid: u32,
     /// Kura calls in progress, which `fork` waits for (see [`ForkGate`]).
     pub fork_gate: ForkGate,
+    /// Held from a fork's prepare handler to the end of its parent's or child's handler: one
+    /// fork at a time goes through them. glibc releases its own lock while each handler runs,
+    /// so two threads forking at once interleaved them: the second's prepare closed the gate
+    /// and forked while the first's parent handler held the file system's node table
+    /// (`Fs::share_open_nodes`), and its child hung on that lock in its own handler (cargo's
+    /// job threads spawn compilers at once).
+    fork_serial: Mutex<()>,
 }
 
 /// Lets `fork` wait until no thread is inside a kura call, and keeps new calls out until it
@@ -246,6 +253,7 @@ pub fn init() {
         embedded,
         owner_pid: kura_fs::process_id(),
         fork_gate: ForkGate::new(),
+        fork_serial: Mutex::new(()),
     };
     if STATE.set(state).is_err() {
         return;
@@ -338,6 +346,9 @@ impl State {
 /// recorded and nothing outside the lock, so the child's copy of a guard unlocks the child's
 /// copy of the word (see [`kura_fs::sync`]). `'static` as the state is.
 struct ForkGuards {
+    /// [`State::fork_serial`]'s guard: taken out first by the handlers after the fork and
+    /// dropped last.
+    serial: Option<MutexGuard<'static, ()>>,
     _fds: FdTableForkLock<'static>,
     _sock_names: SocketNamesForkLock<'static>,
     _cwd: RwLockWriteGuard<'static, Option<Vec<u8>>>,
@@ -350,14 +361,18 @@ thread_local! {
     static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
 }
 
-/// The locks the prepare handler of this fork holds (`None` when it held none).
-fn take_fork_guards() -> Option<ForkGuards> {
-    FORK_GUARDS.try_with(|held| held.borrow_mut().take()).ok().flatten()
+/// Drops the locks the prepare handler of this fork holds but the fork serialisation, which
+/// it returns for the end of the handler (`None` when the prepare handler held nothing).
+fn release_fork_guards() -> Option<MutexGuard<'static, ()>> {
+    let mut guards = FORK_GUARDS.try_with(|held| held.borrow_mut().take()).ok().flatten()?;
+    guards.serial.take()
 }
 
 extern "C" fn atfork_prepare() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
+        // Not from a signal handler that interrupted kura code (maybe a fork's handler).
+        let serial = (!busy()).then(|| state.fork_serial.lock());
         // First: the calls in progress finish (taking whatever locks they need) and no new
         // one starts, so none of the locks below or inside the file system is held.
         state.fork_gate.close();
@@ -375,7 +390,7 @@ extern "C" fn atfork_prepare() {
         let fds = state.fds.lock_for_fork();
         let sock_names = state.sock_names.lock_for_fork();
         let cwd = state.cwd.write();
-        let guards = ForkGuards { _fds: fds, _sock_names: sock_names, _cwd: cwd, _writeback: writeback };
+        let guards = ForkGuards { serial, _fds: fds, _sock_names: sock_names, _cwd: cwd, _writeback: writeback };
         // A thread whose thread-locals are already destroyed (a fork from one's destructor)
         // cannot keep them: the guards drop here and that fork holds nothing.
         let _ = FORK_GUARDS.try_with(|held| *held.borrow_mut() = Some(guards));
@@ -385,7 +400,7 @@ extern "C" fn atfork_prepare() {
 extern "C" fn atfork_parent() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
-        drop(take_fork_guards());
+        let serial = release_fork_guards();
         if let Some(fs) = state.fs_if_open() {
             // The child shares this process's descriptors and may write through them.
             fs.invalidate_cached();
@@ -395,13 +410,14 @@ extern "C" fn atfork_parent() {
             }
         }
         state.fork_gate.open(false);
+        drop(serial);
     });
 }
 
 extern "C" fn atfork_child() {
     let _ = std::panic::catch_unwind(|| {
         let Some(state) = get() else { return };
-        drop(take_fork_guards());
+        let serial = release_fork_guards();
         state.fork_gate.open(true);
         crate::signals::forget_service();
         state.maps.after_fork_in_child();
@@ -414,5 +430,6 @@ extern "C" fn atfork_child() {
                 crate::hooks::complain(&format!("libkura_fs: recording this child in its open files failed: {e}"));
             }
         }
+        drop(serial);
     });
 }

@@ -55,6 +55,13 @@ fn forks_while_write_back_wakes_never_hang() {
 /// about one of 600–1,800 forks; the locks are std's futex words now (`kura_fs::sync`). The
 /// worker wakes every millisecond here, so that some thread is often parking at a fork: with
 /// parking_lot, every one of eight runs by hand failed by the 51st fork (SIGSEGV or a hang).
+/// Two more threads lock and unlock kura files, and two `posix_spawn` a kura copy of true(1)
+/// without pause, as cargo's job threads start compilers. Before spawn.rs, glibc's spawned
+/// child ran the hooks in the parent's memory and left it a pool connection it did not have
+/// (EINVAL from the pool, then EIO); forks from two threads at once interleaved the fork
+/// handlers and a child hung on the node table (a first `cargo build` in a kura directory
+/// hung that way); a lock's revalidation took a file's size from a record read before the
+/// file's own write-back, and fstat said 0 after four writes.
 #[test]
 fn forks_while_other_threads_are_inside_kura_calls_never_hang() {
     if !have("gcc") {
@@ -65,7 +72,7 @@ fn forks_while_other_threads_are_inside_kura_calls_never_hang() {
     let src = workspace().join("crates/kura-preload/tests/c/fork_threads.c");
     let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-pthread", "-o"]).arg(&exe).arg(&src).output().unwrap();
     check(&out, &["gcc", "fork_threads.c"]);
-    let script = format!("mkdir /kura/ft && {} /kura/ft 300", exe.display());
+    let script = format!("mkdir /kura/ft && cp /bin/true /kura/ft/true && {} /kura/ft 300 /kura/ft/true", exe.display());
     let mut cmd = env.command(&[], &["sh", "-c", &script]);
     cmd.env("KURA_FS_WRITEBACK_MS", "1");
     let out = output_within(cmd, Duration::from_secs(180), "fork_threads");
@@ -400,6 +407,31 @@ fn other_users_get_the_kernels_permission_answers() {
     let env = Env::new();
     let kura = env.sh(&format!("R=/kura/t; mkdir -m 755 $R; {setup}\n{}", as_nobody("/kura/t"))).replace("/kura/t", &root);
     assert_eq!(kura, kernel, "as uid 65534: under the preload (left) and on the kernel's file system (right)");
+}
+
+/// `posix_spawn` and `posix_spawnp` with every file action (open, dup2, close, closefrom,
+/// chdir, fchdir) and the attributes (signal mask, default dispositions, process group), kura
+/// programs and `#!` scripts by path and through PATH, the failures the spawn call reports,
+/// `system` and `popen` both ways: tests/c/spawn.c's output on a host directory and under the
+/// preload on a kura one, the same.
+#[test]
+fn posix_spawn_system_and_popen_as_on_the_kernel() {
+    if !have("gcc") {
+        return kura_testkit::skip("no gcc to build tests/c/spawn.c");
+    }
+    let env = Env::new();
+    let exe = env.dir.path().join("spawn");
+    let src = workspace().join("crates/kura-preload/tests/c/spawn.c");
+    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    check(&out, &["gcc", "spawn.c"]);
+    let host = env.dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    let out = std::process::Command::new(&exe).arg(&host).output().unwrap();
+    check(&out, &["spawn", "HOST_DIR"]);
+    let want = String::from_utf8_lossy(&out.stdout).replace(host.to_str().unwrap(), "DIR");
+    assert!(want.contains("popen-w: [written through popen"), "{want}");
+    let got = env.sh(&format!("mkdir /kura/sp && {} /kura/sp", exe.display())).replace("/kura/sp", "DIR");
+    assert_eq!(got, want, "posix_spawn under the preload (left) and on the kernel (right)");
 }
 
 #[test]
