@@ -189,7 +189,7 @@ impl Scratch {
     /// `kura fs run` for this data directory.
     fn preload(&self, program: &Path) -> Command {
         let mut cmd = Command::new(kura());
-        cmd.args(["fs", "run", "--data-dir"]).arg(self.data_dir()).args(["--store-size", STORE_SIZE, "--"]).arg(program);
+        cmd.args(["fs", "run", "--data-dir"]).arg(self.data_dir()).args(["--store-size", STORE_SIZE, "--fuse", "off", "--"]).arg(program);
         cmd
     }
 }

@@ -543,7 +543,7 @@ fn bin_dir() -> &'static Path {
 /// `kura fs run --pool redis://… --pool redis://… -- <program>`.
 fn preload(urls: &[String], program: &[&str]) -> Command {
     let mut cmd = Command::new(bin_dir().join("kura"));
-    cmd.args(["fs", "run", "--name", "preload"]);
+    cmd.args(["fs", "run", "--fuse", "off", "--name", "preload"]);
     for url in urls {
         cmd.args(["--pool", url]);
     }

@@ -51,6 +51,11 @@ impl Env {
         if !options.contains(&"--store-size") {
             cmd.args(["--store-size", "2G"]);
         }
+        // The preload alone unless a test asks for FUSE: `--fuse auto` would mount where the
+        // host happens to have a /kura directory.
+        if !options.contains(&"--fuse") {
+            cmd.args(["--fuse", "off"]);
+        }
         cmd.arg("--").args(program);
         // Lock files of this test's own (not the host's /tmp/kura-fs-locks).
         cmd.env("KURA_FS_LOCK_DIR", self.dir.path().join("locks"));
