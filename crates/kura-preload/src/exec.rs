@@ -103,7 +103,7 @@ const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
 /// Whether `kura fs run --fuse` mounted this file system where the kernel sees it too: it says
 /// so in `KURA_FS_KERNEL_MOUNT`, and a FUSE file system is mounted at the prefix.
-fn kernel_sees_mount(state: &State) -> bool {
+pub(crate) fn kernel_sees_mount(state: &State) -> bool {
     if std::env::var_os("KURA_FS_KERNEL_MOUNT").is_none_or(|v| v != "1") {
         return false;
     }

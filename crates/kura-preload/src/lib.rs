@@ -36,6 +36,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod dir;
+mod dl;
 mod exec;
 mod fds;
 mod hooks;

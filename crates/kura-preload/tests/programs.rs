@@ -434,6 +434,54 @@ fn posix_spawn_system_and_popen_as_on_the_kernel() {
     assert_eq!(got, want, "posix_spawn under the preload (left) and on the kernel (right)");
 }
 
+/// `dlopen` of a library in the mount, without FUSE (the loader's own system calls never reach
+/// the hooks): built there by gcc, loaded by an absolute and a relative path, again after a
+/// rebuild (the new code), by Python's ctypes; a missing one fails with the caller's path in
+/// the message, and a bare name is still the loader's search. (Before: "cannot open shared
+/// object file" for every kura path, and rustc could not load a procedural macro from a
+/// target directory in the mount.)
+#[test]
+fn libraries_in_the_mount_load_with_dlopen_without_fuse() {
+    if !have("gcc") {
+        return kura_testkit::skip("no gcc");
+    }
+    let env = Env::new();
+    let exe = env.dir.path().join("dlopen");
+    let src = env.dir.path().join("dlopen.c");
+    std::fs::write(
+        &src,
+        r#"#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        void *h = dlopen(argv[i], RTLD_NOW);
+        if (!h) { printf("%s: %s\n", argv[i], dlerror()); continue; }
+        int (*f)(void) = (int (*)(void))dlsym(h, "answer");
+        printf("%s: %d\n", argv[i], f ? f() : -1);
+        dlclose(h);
+    }
+    printf("libm.so.6: %s\n", dlopen("libm.so.6", RTLD_NOW) ? "loaded" : dlerror());
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    check(&out, &["gcc", "dlopen.c"]);
+    let script = format!(
+        "mkdir /kura/dl && cd /kura/dl && echo 'int answer(void) {{ return 42; }}' > a.c && gcc -shared -fPIC -o liba.so a.c && {exe} /kura/dl/liba.so ./liba.so /kura/dl/missing.so \
+         && echo 'int answer(void) {{ return 43; }}' > a.c && gcc -shared -fPIC -o liba.so a.c && {exe} /kura/dl/liba.so \
+         && python3 -c 'import ctypes; print(\"ctypes:\", ctypes.CDLL(\"/kura/dl/liba.so\").answer())'",
+        exe = exe.display()
+    );
+    let got = env.sh(&script);
+    assert_eq!(
+        got,
+        "/kura/dl/liba.so: 42\n./liba.so: 42\n/kura/dl/missing.so: /kura/dl/missing.so: cannot open shared object file: No such file or directory\nlibm.so.6: loaded\n\
+         /kura/dl/liba.so: 43\nlibm.so.6: loaded\nctypes: 43\n"
+    );
+}
+
 #[test]
 fn c_program_through_stdio_and_the_posix_calls() {
     if !have("gcc") {

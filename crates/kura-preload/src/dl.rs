@@ -1,0 +1,170 @@
+//! `dlopen` of a library in the mount: the dynamic loader opens and maps files with its own
+//! system calls, which the hooks never see, so it is given a host copy of the kura file
+//! (`<lock dir>/<fs>-<ino>.so`, rewritten when the kura file's size or mtime changed). rustc
+//! loads procedural macros from the target directory this way, Python its C extensions from
+//! a virtualenv.
+//!
+//! This `dlopen` interposes libc's by symbol (the library is preloaded), not by patching: it
+//! decides the path, then jumps to libc's function with the caller's return address still on
+//! the stack, so libc sees the program as the caller (its namespace, its `DT_RPATH` for a bare
+//! name), as without the preload. Only paths with a slash can be kura paths here; a bare name
+//! found through `LD_LIBRARY_PATH` or a `RUNPATH` in the mount, and a library's own
+//! dependencies beside it in the mount, are not (`kura fs run --fuse` covers them).
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kura_fs::sync::Mutex;
+
+use crate::hooks::{active, guard, raw};
+use crate::paths::{Target, classify};
+
+/// libc's `dlopen`, found at the first call (not exported: the jump reaches it relative to
+/// the instruction).
+static KURA_REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes copied per read while making a host copy.
+const COPY_CHUNK_BYTES: usize = 1 << 20;
+
+/// The host copies made by this process, by inode: their paths live as long as the process
+/// (libc keeps its own copy of a loaded library's name, but a path handed to it must outlive
+/// the call, and the same library is usually opened again).
+static COPIES: Mutex<Option<HashMap<u64, CString>>> = Mutex::new(None);
+
+/// The program's `dlopen`: [`dlopen_path`] picks the path, then libc's `dlopen` runs as if
+/// called by the program.
+///
+/// # Safety
+/// As libc's `dlopen`.
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    // Entry: rsp = 8 mod 16 (the caller's return address). Keep `mode` (rsi) across the call,
+    // which also aligns the stack; the path comes back in rax; then a jump, not a call, so
+    // libc's dlopen finds the program's return address where its own would be.
+    core::arch::naked_asm!(
+        "push rsi",
+        "call {decide}",
+        "pop rsi",
+        "mov rdi, rax",
+        "jmp qword ptr [rip + {real}]",
+        decide = sym dlopen_path,
+        real = sym KURA_REAL_DLOPEN,
+    )
+}
+
+/// The path libc's `dlopen` gets: a host copy for a kura library, else the caller's.
+extern "C" fn dlopen_path(file: *const c_char) -> *const c_char {
+    if KURA_REAL_DLOPEN.load(Ordering::Acquire) == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the definition after ours.
+        let real = unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) };
+        KURA_REAL_DLOPEN.store(real as usize, Ordering::Release);
+    }
+    if file.is_null() {
+        return file;
+    }
+    guard(file, || host_copy(file).unwrap_or(file))
+}
+
+fn host_copy(file: *const c_char) -> Option<*const c_char> {
+    let state = active()?;
+    // SAFETY: the caller's NUL-terminated path.
+    let path = unsafe { std::ffi::CStr::from_ptr(file) }.to_bytes();
+    if !path.contains(&b'/') || !matches!(classify(state, libc::AT_FDCWD, path), Ok(Target::Kura { .. })) || crate::exec::kernel_sees_mount(state) {
+        return None;
+    }
+    // Through the hooks: the kura file.
+    // SAFETY: the caller's path; flags.
+    let fd = unsafe { libc::open(file, libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let copy = copy_of(fd);
+    // SAFETY: our descriptor (through the hooks, a kura one).
+    unsafe { libc::close(fd) };
+    copy
+}
+
+/// The host copy of kura descriptor `fd`'s file, made or refreshed.
+fn copy_of(fd: c_int) -> Option<*const c_char> {
+    // SAFETY: a zeroed stat is a valid value; fstat (hooked) writes it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let (_, target) = crate::fds::host_file_path(st.st_ino, ".so");
+    if !current(&target, &st) {
+        refresh(fd, &target, &st)?;
+    }
+    let mut copies = COPIES.lock();
+    let path = copies.get_or_insert_with(HashMap::new).entry(st.st_ino).or_insert_with(|| CString::from_vec_with_nul(target).expect("one NUL at the end"));
+    Some(path.as_ptr())
+}
+
+/// Whether `target` (NUL-terminated) is this user's copy of a file with `st`'s size and mtime
+/// that nobody else may write.
+fn current(target: &[u8], st: &libc::stat) -> bool {
+    // SAFETY: a zeroed stat is a valid value; the raw stat writes it.
+    let mut have: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated path, a writable struct.
+    let r = unsafe { libc::syscall(libc::SYS_newfstatat, libc::AT_FDCWD, target.as_ptr(), &mut have as *mut libc::stat, 0) };
+    // SAFETY: geteuid touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    r == 0
+        && have.st_uid == euid
+        && have.st_mode & 0o022 == 0
+        && have.st_size == st.st_size
+        && (have.st_mtime, have.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec)
+}
+
+/// Writes the kura file into a temporary host file and renames it over `target`: a copy that
+/// some process has mapped keeps its old contents.
+fn refresh(fd: c_int, target: &[u8], st: &libc::stat) -> Option<()> {
+    let mut tmp = target[..target.len() - 1].to_vec();
+    tmp.extend_from_slice(format!(".{}.tmp\0", std::process::id()).as_bytes());
+    // SAFETY: NUL-terminated path; flags and mode.
+    let out = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, tmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o755) } as c_int;
+    if out < 0 {
+        return None;
+    }
+    let copied = copy_all(fd, out);
+    let times = [libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec }; 2];
+    // SAFETY: our descriptor and two timespecs that live across the call.
+    let stamped = unsafe { libc::syscall(libc::SYS_utimensat, out, std::ptr::null::<c_char>(), times.as_ptr(), 0) } == 0;
+    raw::close(out);
+    // SAFETY: NUL-terminated paths.
+    if !(copied && stamped) || unsafe { libc::syscall(libc::SYS_renameat, libc::AT_FDCWD, tmp.as_ptr(), libc::AT_FDCWD, target.as_ptr()) } != 0 {
+        // SAFETY: NUL-terminated path.
+        unsafe { libc::syscall(libc::SYS_unlinkat, libc::AT_FDCWD, tmp.as_ptr(), 0) };
+        return None;
+    }
+    Some(())
+}
+
+/// Copies `from` (read through the hooks from its start) into host descriptor `to`.
+fn copy_all(from: c_int, to: c_int) -> bool {
+    let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+    let mut offset: i64 = 0;
+    loop {
+        // SAFETY: reading into our buffer (pread: the hooked read of a kura descriptor).
+        let n = unsafe { libc::pread(from, buf.as_mut_ptr().cast(), buf.len(), offset) };
+        if n < 0 {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+        let mut done = 0usize;
+        while done < n as usize {
+            // SAFETY: writing our buffer's filled part to our host descriptor.
+            let w = unsafe { libc::syscall(libc::SYS_write, to, buf[done..n as usize].as_ptr(), n as usize - done) };
+            if w <= 0 {
+                return false;
+            }
+            done += w as usize;
+        }
+        offset += n as i64;
+    }
+}
