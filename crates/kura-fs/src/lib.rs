@@ -23,6 +23,7 @@
 //! the other's writes at once and appends and shared offsets never overlap, as on Linux.
 
 pub mod cache;
+pub mod elf;
 pub mod error;
 pub mod fuse;
 pub mod kv;

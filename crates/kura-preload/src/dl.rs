@@ -2,14 +2,15 @@
 //! system calls, which the hooks never see, so it is given a host copy of the kura file
 //! (`<lock dir>/<fs>-<ino>.so`, rewritten when the kura file's size or mtime changed). rustc
 //! loads procedural macros from the target directory this way, Python its C extensions from
-//! a virtualenv.
+//! a virtualenv. The libraries such a library needs from beside it in the mount (`$ORIGIN`
+//! in its run path) are loaded first, the same way.
 //!
 //! This `dlopen` interposes libc's by symbol (the library is preloaded), not by patching: it
 //! decides the path, then jumps to libc's function with the caller's return address still on
 //! the stack, so libc sees the program as the caller (its namespace, its `DT_RPATH` for a bare
 //! name), as without the preload. Only paths with a slash can be kura paths here; a bare name
-//! found through `LD_LIBRARY_PATH` or a `RUNPATH` in the mount, and a library's own
-//! dependencies beside it in the mount, are not (`kura fs run --fuse` covers them).
+//! found through `LD_LIBRARY_PATH` or an absolute `RUNPATH` into the mount is not (`kura fs
+//! run --fuse` covers them).
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -71,9 +72,10 @@ fn host_copy(file: *const c_char) -> Option<*const c_char> {
     let state = active()?;
     // SAFETY: the caller's NUL-terminated path.
     let path = unsafe { std::ffi::CStr::from_ptr(file) }.to_bytes();
-    if !path.contains(&b'/') || !matches!(classify(state, libc::AT_FDCWD, path), Ok(Target::Kura { .. })) || crate::exec::kernel_sees_mount(state) {
+    if !path.contains(&b'/') || crate::exec::kernel_sees_mount(state) {
         return None;
     }
+    let Ok(Target::Kura { abs, .. }) = classify(state, libc::AT_FDCWD, path) else { return None };
     // Through the hooks: the kura file.
     // SAFETY: the caller's path; flags.
     let fd = unsafe { libc::open(file, libc::O_RDONLY | libc::O_CLOEXEC) };
@@ -83,11 +85,99 @@ fn host_copy(file: *const c_char) -> Option<*const c_char> {
     let copy = copy_of(fd);
     // SAFETY: our descriptor (through the hooks, a kura one).
     unsafe { libc::close(fd) };
-    copy
+    let (copy, ino) = copy?;
+    load_dependencies_in_the_mount(copy, ino, &abs);
+    Some(copy)
 }
 
-/// The host copy of kura descriptor `fd`'s file, made or refreshed.
-fn copy_of(fd: c_int) -> Option<*const c_char> {
+thread_local! {
+    /// Libraries being loaded by [`load_dependencies_in_the_mount`] on this thread (a cycle of
+    /// dependencies ends at the first repeat) and how deep.
+    static LOADING: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Dependencies loaded ahead of a library, nested at most this deep.
+const DEPENDENCY_DEPTH_MAX: usize = 16;
+
+/// Before the loader maps the copy of kura library `abs`: every `DT_NEEDED` library that its
+/// run path finds through `$ORIGIN` in the mount is loaded first (through this `dlopen`, so
+/// from its own host copy), and the loader then finds it loaded under its name (its
+/// `DT_SONAME`), as numpy's extensions find the libraries in `numpy.libs`. A name the run path
+/// finds first in a host directory is the loader's. Each library loaded this way stays loaded.
+fn load_dependencies_in_the_mount(copy: *const c_char, ino: u64, abs: &[u8]) {
+    let entered = LOADING.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.contains(&ino) || l.len() >= DEPENDENCY_DEPTH_MAX {
+            return false;
+        }
+        l.push(ino);
+        true
+    });
+    if !entered {
+        return;
+    }
+    if let Some(needs) = read_host_file(copy).and_then(|bytes| kura_fs::elf::dynamic_needs(&bytes)) {
+        let origin = &abs[..abs.iter().rposition(|&b| b == b'/').unwrap_or(0).max(1)];
+        for name in needs.needed.iter().filter(|n| !n.contains(&b'/')) {
+            for dir in &needs.search {
+                let (candidate, in_mount) = match kura_fs::elf::expand_origin(dir, origin) {
+                    Some(expanded) => (expanded, true),
+                    None => (dir.clone(), false),
+                };
+                let mut candidate = candidate;
+                candidate.push(b'/');
+                candidate.extend_from_slice(name);
+                candidate.push(0);
+                if !in_mount {
+                    if host_file_exists(&candidate) {
+                        break; // the loader finds it there
+                    }
+                    continue;
+                }
+                // Through the hooks: a kura path (or a host one, if `..` led out of the mount).
+                // SAFETY: a NUL-terminated path we own.
+                if unsafe { libc::access(candidate.as_ptr().cast(), libc::F_OK) } == 0 {
+                    // SAFETY: our own dlopen with a NUL-terminated path; the handle is kept.
+                    unsafe { dlopen(candidate.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+                    break;
+                }
+            }
+        }
+    }
+    LOADING.with(|l| l.borrow_mut().pop());
+}
+
+/// A host file's bytes (at most [`kura_fs::elf::ELF_BYTES_MAX`]).
+fn read_host_file(path: *const c_char) -> Option<Vec<u8>> {
+    // SAFETY: NUL-terminated path; flags.
+    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC) } as c_int;
+    if fd < 0 {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+    let ok = loop {
+        // SAFETY: reading into our buffer.
+        let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+        if n <= 0 {
+            break n == 0;
+        }
+        bytes.extend_from_slice(&buf[..n as usize]);
+        if bytes.len() > kura_fs::elf::ELF_BYTES_MAX {
+            break false;
+        }
+    };
+    raw::close(fd);
+    ok.then_some(bytes)
+}
+
+fn host_file_exists(path: &[u8]) -> bool {
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::syscall(libc::SYS_faccessat, libc::AT_FDCWD, path.as_ptr(), libc::F_OK) == 0 }
+}
+
+/// The host copy of kura descriptor `fd`'s file, made or refreshed, and the file's inode.
+fn copy_of(fd: c_int) -> Option<(*const c_char, u64)> {
     // SAFETY: a zeroed stat is a valid value; fstat (hooked) writes it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -100,7 +190,7 @@ fn copy_of(fd: c_int) -> Option<*const c_char> {
     }
     let mut copies = COPIES.lock();
     let path = copies.get_or_insert_with(HashMap::new).entry(st.st_ino).or_insert_with(|| CString::from_vec_with_nul(target).expect("one NUL at the end"));
-    Some(path.as_ptr())
+    Some((path.as_ptr(), st.st_ino))
 }
 
 /// Whether `target` (NUL-terminated) is this user's copy of a file with `st`'s size and mtime

@@ -435,9 +435,10 @@ fn posix_spawn_system_and_popen_as_on_the_kernel() {
 }
 
 /// `dlopen` of a library in the mount, without FUSE (the loader's own system calls never reach
-/// the hooks): built there by gcc, loaded by an absolute and a relative path, again after a
-/// rebuild (the new code), by Python's ctypes; a missing one fails with the caller's path in
-/// the message, and a bare name is still the loader's search. (Before: "cannot open shared
+/// the hooks): built there by gcc with a dependency beside it (`$ORIGIN` in its run path, as
+/// numpy's extensions and their `numpy.libs`), loaded by an absolute and a relative path,
+/// again after the dependency is rebuilt (the new code), by Python's ctypes; a missing one
+/// fails with the caller's path in the message, and a bare name is still the loader's search. (Before: "cannot open shared
 /// object file" for every kura path, and rustc could not load a procedural macro from a
 /// target directory in the mount.)
 #[test]
@@ -468,9 +469,12 @@ int main(int argc, char **argv) {
     .unwrap();
     let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
     check(&out, &["gcc", "dlopen.c"]);
+    // liba.so needs libb.so from beside it ($ORIGIN/sub in its run path).
     let script = format!(
-        "mkdir /kura/dl && cd /kura/dl && echo 'int answer(void) {{ return 42; }}' > a.c && gcc -shared -fPIC -o liba.so a.c && {exe} /kura/dl/liba.so ./liba.so /kura/dl/missing.so \
-         && echo 'int answer(void) {{ return 43; }}' > a.c && gcc -shared -fPIC -o liba.so a.c && {exe} /kura/dl/liba.so \
+        "mkdir -p /kura/dl/sub && cd /kura/dl && echo 'int b(void) {{ return 2; }}' > sub/b.c && gcc -shared -fPIC -o sub/libb.so -Wl,-soname,libb.so sub/b.c \\
+         && echo 'int b(void); int answer(void) {{ return 40 + b(); }}' > a.c && gcc -shared -fPIC -o liba.so a.c -Lsub -lb -Wl,-rpath,'$ORIGIN/sub' \\
+         && {exe} /kura/dl/liba.so ./liba.so /kura/dl/missing.so \\
+         && echo 'int b(void) {{ return 3; }}' > sub/b.c && gcc -shared -fPIC -o sub/libb.so -Wl,-soname,libb.so sub/b.c && {exe} /kura/dl/liba.so \\
          && python3 -c 'import ctypes; print(\"ctypes:\", ctypes.CDLL(\"/kura/dl/liba.so\").answer())'",
         exe = exe.display()
     );
