@@ -20,6 +20,7 @@ use kura_fs::sync::Mutex;
 
 use crate::hooks::{active, guard, raw};
 use crate::paths::{Target, classify};
+use crate::state::State;
 
 /// libc's `dlopen`, found at the first call (not exported: the jump reaches it relative to
 /// the instruction).
@@ -31,7 +32,8 @@ const COPY_CHUNK_BYTES: usize = 1 << 20;
 /// The host copies made by this process, by inode: their paths live as long as the process
 /// (libc keeps its own copy of a loaded library's name, but a path handed to it must outlive
 /// the call, and the same library is usually opened again).
-static COPIES: Mutex<Option<HashMap<u64, CString>>> = Mutex::new(None);
+#[derive(Default)]
+pub struct HostCopies(Mutex<HashMap<u64, CString>>);
 
 /// The program's `dlopen`: [`dlopen_path`] picks the path, then libc's `dlopen` runs as if
 /// called by the program.
@@ -82,7 +84,7 @@ fn host_copy(file: *const c_char) -> Option<*const c_char> {
     if fd < 0 {
         return None;
     }
-    let copy = copy_of(fd);
+    let copy = copy_of(state, fd);
     // SAFETY: our descriptor (through the hooks, a kura one).
     unsafe { libc::close(fd) };
     let (copy, ino) = copy?;
@@ -177,7 +179,7 @@ fn host_file_exists(path: &[u8]) -> bool {
 }
 
 /// The host copy of kura descriptor `fd`'s file, made or refreshed, and the file's inode.
-fn copy_of(fd: c_int) -> Option<(*const c_char, u64)> {
+fn copy_of(state: &State, fd: c_int) -> Option<(*const c_char, u64)> {
     // SAFETY: a zeroed stat is a valid value; fstat (hooked) writes it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -188,8 +190,9 @@ fn copy_of(fd: c_int) -> Option<(*const c_char, u64)> {
     if !current(&target, &st) {
         refresh(fd, &target, &st)?;
     }
-    let mut copies = COPIES.lock();
-    let path = copies.get_or_insert_with(HashMap::new).entry(st.st_ino).or_insert_with(|| CString::from_vec_with_nul(target).expect("one NUL at the end"));
+    let mut copies = state.dl_copies.0.lock();
+    // The CString's heap buffer does not move when the map grows.
+    let path = copies.entry(st.st_ino).or_insert_with(|| CString::from_vec_with_nul(target).expect("one NUL at the end"));
     Some((path.as_ptr(), st.st_ino))
 }
 

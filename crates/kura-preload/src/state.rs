@@ -36,6 +36,8 @@ pub struct State {
     pub sock_names: crate::sock::SocketNames,
     /// Writable shared mappings of kura files (see [`crate::maps`]).
     pub maps: crate::maps::SharedMaps,
+    /// Host copies of kura libraries given to `dlopen` (see `dl.rs`).
+    pub dl_copies: crate::dl::HostCopies,
     /// Whether libc was patched (otherwise every hook is inert).
     pub active: std::sync::atomic::AtomicBool,
     /// The pool is this process's embedded engine: a forked child cannot use it.
@@ -249,6 +251,7 @@ pub fn init() {
         sock_prefix,
         sock_names: crate::sock::SocketNames::default(),
         maps: crate::maps::SharedMaps::default(),
+        dl_copies: crate::dl::HostCopies::default(),
         active: std::sync::atomic::AtomicBool::new(false),
         embedded,
         owner_pid: kura_fs::process_id(),

@@ -676,6 +676,50 @@ fn the_loader_and_static_binaries_reach_kura_files_through_fuse() {
     assert!(!ours.contains(mnt_arg), "the FUSE mount leaked out of the command's mount namespace");
 }
 
+/// cargo builds and runs a workspace in the mount, without FUSE: a procedural macro crate
+/// (rustc `dlopen`s it from the target directory), a build script (a kura program cargo
+/// runs), two job threads spawning compilers at once, cargo's locks on its target directory;
+/// then `cargo test`, and a second build that finds everything fresh. (Before: the first
+/// build hung in a fork handler, or failed to load the macro.) Offline: no dependency
+/// outside the workspace.
+#[test]
+fn cargo_builds_a_workspace_with_a_proc_macro_and_a_build_script() {
+    if !have("cargo") {
+        return kura_testkit::skip("no cargo");
+    }
+    let env = Env::new();
+    let src = env.dir.path().join("ws");
+    let files: [(&str, &str); 6] = [
+        ("Cargo.toml", "[workspace]\nmembers = [\"mac\", \"app\"]\nresolver = \"2\"\n"),
+        ("mac/Cargo.toml", "[package]\nname = \"mac\"\nversion = \"0.1.0\"\nedition = \"2021\"\n[lib]\nproc-macro = true\n"),
+        (
+            "mac/src/lib.rs",
+            "use proc_macro::TokenStream;\n#[proc_macro]\npub fn forty_two(_: TokenStream) -> TokenStream { \"42u32\".parse().unwrap() }\n",
+        ),
+        ("app/Cargo.toml", "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n[dependencies]\nmac = { path = \"../mac\" }\n"),
+        ("app/build.rs", "fn main() { println!(\"cargo:rustc-env=BUILT_BY=build.rs\"); }\n"),
+        (
+            "app/src/main.rs",
+            "fn answer() -> u32 { mac::forty_two!() }\nfn main() { println!(\"{} {}\", answer(), env!(\"BUILT_BY\")); }\n#[test]\nfn it_is_42() { assert_eq!(answer(), 42); }\n",
+        ),
+    ];
+    for (path, text) in files {
+        let path = src.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let script = format!(
+        "cp -r {} /kura/ws && cd /kura/ws && cargo run -q --offline -j 2 && cargo test -q --offline 2>&1 | grep -c '1 passed' && {{ cargo build --offline 2>&1 | grep -c Compiling; true; }}",
+        src.display()
+    );
+    let mut cmd = env.command(&[], &["sh", "-c", &script]);
+    // The build's own state, not the host's.
+    cmd.env("CARGO_HOME", env.dir.path().join("cargo-home")).env("CARGO_TARGET_DIR", "/kura/ws/target").env_remove("RUSTFLAGS").env_remove("CARGO_BUILD_RUSTFLAGS");
+    let out = output_within(cmd, Duration::from_secs(300), "cargo in the mount");
+    check(&out, &["sh", "-c", &script]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42 build.rs\n1\n0\n", "run, the test passed, nothing recompiled");
+}
+
 /// Python's `subprocess` closes every descriptor above the ones it passes (`close_range`)
 /// before it executes the child: kura's own (the pool's connections) stay until the exec,
 /// which reads a kura program through them, and a kura descriptor passed on (`pass_fds`)
