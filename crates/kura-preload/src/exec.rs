@@ -35,8 +35,8 @@ const IMAGE_COPY_STEP_BYTES: usize = 128 << 10;
 enum ExecTarget {
     /// The kernel's file at this path (NUL-terminated).
     Kernel(Vec<u8>),
-    /// A kura binary copied into this memfd (close-on-exec).
-    Image(c_int),
+    /// A kura binary copied into this memfd (close-on-exec), and its inode.
+    Image(c_int, u64),
     /// A kura `#!` script.
     Script(Shebang),
 }
@@ -78,7 +78,7 @@ fn copy_image(fs: &Arc<Fs>, node: &Arc<kura_fs::Node>, kernel_path: Option<&[u8]
         at += n as u64;
         n = fs.read(node, at, &mut buf).map_err(fs_errno)?;
     }
-    Ok(ExecTarget::Image(fd))
+    Ok(ExecTarget::Image(fd, node.ino))
 }
 
 /// The exec target of `path` (not NUL-terminated) relative to `dirfd`.
@@ -160,7 +160,7 @@ fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, en
         let script = match &target {
             ExecTarget::Script(s) => Some(s.clone()),
             ExecTarget::Kernel(abs) => kernel_script_with_kura_interpreter(state, abs),
-            ExecTarget::Image(_) => None,
+            ExecTarget::Image(..) => None,
         };
         if let Some(Shebang { interpreter, argument }) = script {
             let old = args.take().unwrap_or_else(|| collect_argv(argv));
@@ -184,9 +184,15 @@ fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, en
             None => argv,
         };
         let r = match target {
-            ExecTarget::Image(fd) => {
+            ExecTarget::Image(fd, ino) => {
+                // The new image runs holding the file's text lock (text.rs).
+                let text = crate::text::lock_for_exec(ino);
+                let (_owned, env) = env_with_text(envp, text.map(|t| (ino, t)));
                 // SAFETY: executing our memfd with the argv and environment.
-                let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH) };
+                let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, env.as_ptr(), libc::AT_EMPTY_PATH) };
+                if let Some(t) = text {
+                    raw::close(t);
+                }
                 let e = crate::hooks::errno();
                 raw::close(fd);
                 crate::hooks::set_errno(e);
@@ -231,6 +237,34 @@ fn env_with_cwd(envp: *const *const c_char, cwd: Option<&[u8]>) -> (Vec<Vec<u8>>
     }
     ptrs.push(std::ptr::null());
     (owned, ptrs)
+}
+
+/// `envp` with `KURA_FS_TEXT` set to `<ino>:<fd>` (or removed).
+fn env_with_text(envp: *const *const c_char, text: Option<(u64, c_int)>) -> (Vec<u8>, Vec<*const c_char>) {
+    let prefix = format!("{}=", crate::text::TEXT_ENV);
+    let mut ptrs: Vec<*const c_char> = Vec::new();
+    if !envp.is_null() {
+        for i in 0.. {
+            // SAFETY: execve's contract: a NULL-terminated array of C strings.
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: as above.
+            if !unsafe { bytes(p) }.unwrap_or_default().starts_with(prefix.as_bytes()) {
+                ptrs.push(p);
+            }
+        }
+    }
+    let var = match text {
+        Some((ino, fd)) => format!("{prefix}{ino}:{fd}\0").into_bytes(),
+        None => Vec::new(),
+    };
+    if !var.is_empty() {
+        ptrs.push(var.as_ptr().cast());
+    }
+    ptrs.push(std::ptr::null());
+    (var, ptrs)
 }
 
 /// Whether `envp` carries `KURA_FS_CWD`.

@@ -526,6 +526,9 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                         return Err(libc::ENOTDIR);
                     }
                     check_open(&inode, flags)?;
+                    if (accmode != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && crate::text::busy(inode.ino) {
+                        return Err(libc::ETXTBSY);
+                    }
                     // Linux truncates for O_RDONLY too (POSIX leaves it undefined).
                     if flags & libc::O_TRUNC != 0 && inode.size != 0 {
                         fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
@@ -1194,6 +1197,9 @@ extern "C" fn h_truncate(path: *const c_char, len: i64) -> c_int {
                 }
                 match resolve(state, fs, start, &rel, true)? {
                     Resolved::Found { entry, .. } => {
+                        if crate::text::busy(entry.ino) {
+                            return Err(libc::ETXTBSY);
+                        }
                         set(fs, entry.ino, SetAttr { size: Some(len as u64), ..SetAttr::default() })?;
                         state.maps.resized(entry.ino, len as u64);
                         Ok(0)

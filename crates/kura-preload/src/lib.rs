@@ -47,6 +47,7 @@ mod signals;
 mod sock;
 mod spawn;
 mod state;
+mod text;
 
 pub use state::State;
 

@@ -219,6 +219,7 @@ fn normalise_mount(mount: &str) -> Vec<u8> {
 /// Runs at load time.
 pub fn init() {
     let _busy = Busy::enter();
+    crate::text::hold_at_init();
     let mut fs_config = FsConfig::default();
     if let Some(name) = env("KURA_FS_NAME") {
         fs_config.name = name;

@@ -164,6 +164,28 @@ fn flock_belongs_to_the_description_across_fork_and_exec() {
     assert_eq!(got, want, "kura's flock answers differ from the kernel's");
 }
 
+/// A program running from a kura file is busy, as a kernel one: writing it (a shell
+/// redirection, `truncate(1)`, an `O_RDWR` open) fails with `ETXTBSY` while it runs, reading it
+/// works, and once it has ended it can be written again. Compared with the kernel on a host
+/// directory. (Every write succeeded: the preload runs a copy of the program.)
+#[test]
+fn a_running_kura_program_is_text_busy_as_the_kernels() {
+    let script = r#"cd "$1"; cp /bin/sleep sl; chmod 755 sl
+        ./sl 5 & pid=$!
+        sleep 0.3
+        ( echo x > sl ) 2>/dev/null && echo "1 written" || echo "1 busy"
+        truncate -s 0 sl 2>/dev/null && echo "2 truncated" || echo "2 busy"
+        cat sl > /dev/null && echo "3 read"
+        python3 -c 'import os, errno
+try: os.open("sl", os.O_RDWR); print("4 opened")
+except OSError as e: print("4", errno.errorcode[e.errno])'
+        kill $pid; wait $pid 2>/dev/null
+        echo x > sl && echo "5 written after it ended""#;
+    let (want, got) = kernel_and_kura(script);
+    assert_eq!(want, "1 busy\n2 busy\n3 read\n4 ETXTBSY\n5 written after it ended\n", "the kernel's answers");
+    assert_eq!(got, want, "under the preload");
+}
+
 /// `script`'s output with its first argument a fresh host directory (the kernel's answers),
 /// then under the preload with `/kura/t`.
 fn kernel_and_kura(script: &str) -> (String, String) {
