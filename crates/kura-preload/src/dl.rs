@@ -118,15 +118,14 @@ fn load_dependencies_in_the_mount(copy: *const c_char, ino: u64, abs: &[u8]) {
     if !entered {
         return;
     }
-    if let Some(needs) = read_host_file(copy).and_then(|bytes| kura_fs::elf::dynamic_needs(&bytes)) {
+    if let Some(needs) = HostMap::of(copy).and_then(|map| kura_fs::elf::dynamic_needs(map.bytes())) {
         let origin = &abs[..abs.iter().rposition(|&b| b == b'/').unwrap_or(0).max(1)];
         for name in needs.needed.iter().filter(|n| !n.contains(&b'/')) {
             for dir in &needs.search {
-                let (candidate, in_mount) = match kura_fs::elf::expand_origin(dir, origin) {
+                let (mut candidate, in_mount) = match kura_fs::elf::expand_origin(dir, origin) {
                     Some(expanded) => (expanded, true),
                     None => (dir.clone(), false),
                 };
-                let mut candidate = candidate;
                 candidate.push(b'/');
                 candidate.extend_from_slice(name);
                 candidate.push(0);
@@ -149,28 +148,49 @@ fn load_dependencies_in_the_mount(copy: *const c_char, ino: u64, abs: &[u8]) {
     LOADING.with(|l| l.borrow_mut().pop());
 }
 
-/// A host file's bytes (at most [`kura_fs::elf::ELF_BYTES_MAX`]).
-fn read_host_file(path: *const c_char) -> Option<Vec<u8>> {
-    // SAFETY: NUL-terminated path; flags.
-    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC) } as c_int;
-    if fd < 0 {
-        return None;
+/// A host file mapped read-only, for reading its ELF headers without copying the library
+/// (numpy's OpenBLAS is tens of megabytes; the loader reads a few pages of it).
+struct HostMap {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl HostMap {
+    /// `path` (NUL-terminated) mapped whole; `None` for an empty file, one larger than
+    /// [`kura_fs::elf::ELF_BYTES_MAX`], or an error.
+    fn of(path: *const c_char) -> Option<Self> {
+        // SAFETY: NUL-terminated path; flags.
+        let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC) } as c_int;
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: our descriptor and a writable struct.
+        let sized = unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } == 0;
+        let len = usize::try_from(st.st_size).unwrap_or(0);
+        let addr = if sized && len > 0 && len <= kura_fs::elf::ELF_BYTES_MAX {
+            // SAFETY: a new private read-only mapping of our descriptor (the system call: the
+            // hooked mmap is for kura descriptors).
+            unsafe { libc::syscall(libc::SYS_mmap, std::ptr::null_mut::<libc::c_void>(), len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0 as libc::off_t) as *mut libc::c_void }
+        } else {
+            libc::MAP_FAILED
+        };
+        raw::close(fd);
+        (addr != libc::MAP_FAILED).then_some(Self { addr, len })
     }
-    let mut bytes = Vec::new();
-    let mut buf = vec![0u8; COPY_CHUNK_BYTES];
-    let ok = loop {
-        // SAFETY: reading into our buffer.
-        let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
-        if n <= 0 {
-            break n == 0;
-        }
-        bytes.extend_from_slice(&buf[..n as usize]);
-        if bytes.len() > kura_fs::elf::ELF_BYTES_MAX {
-            break false;
-        }
-    };
-    raw::close(fd);
-    ok.then_some(bytes)
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` readable bytes are mapped at `addr` until drop.
+        unsafe { std::slice::from_raw_parts(self.addr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for HostMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping, which nothing refers to afterwards.
+        unsafe { libc::syscall(libc::SYS_munmap, self.addr, self.len) };
+    }
 }
 
 fn host_file_exists(path: &[u8]) -> bool {

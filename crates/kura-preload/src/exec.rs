@@ -187,7 +187,8 @@ fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, en
             ExecTarget::Image(fd, ino) => {
                 // The new image runs holding the file's text lock (text.rs).
                 let text = crate::text::lock_for_exec(ino);
-                let (_owned, env) = env_with_text(envp, text.map(|t| (ino, t)));
+                let value = text.map(|t| format!("{ino}:{t}").into_bytes());
+                let (_owned, env, _) = env_with(envp, crate::text::TEXT_ENV, value.as_deref());
                 // SAFETY: executing our memfd with the argv and environment.
                 let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, env.as_ptr(), libc::AT_EMPTY_PATH) };
                 if let Some(t) = text {
@@ -208,41 +209,16 @@ fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, en
     Err(libc::ELOOP)
 }
 
-/// `envp` with `KURA_FS_CWD` set to the virtual working directory (or removed).
-fn env_with_cwd(envp: *const *const c_char, cwd: Option<&[u8]>) -> (Vec<Vec<u8>>, Vec<*const c_char>) {
-    let mut owned: Vec<Vec<u8>> = Vec::new();
-    let mut ptrs: Vec<*const c_char> = Vec::new();
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: execve's contract: a NULL-terminated array of C strings.
-            let p = unsafe { *envp.add(i) };
-            if p.is_null() {
-                break;
-            }
-            // SAFETY: as above.
-            let s = unsafe { bytes(p) }.unwrap_or_default();
-            if !s.starts_with(b"KURA_FS_CWD=") {
-                ptrs.push(p);
-            }
-            i += 1;
-        }
-    }
-    if let Some(cwd) = cwd {
-        let mut var = b"KURA_FS_CWD=".to_vec();
-        var.extend_from_slice(cwd);
-        var.push(0);
-        owned.push(var);
-        ptrs.push(owned.last().expect("pushed").as_ptr().cast());
-    }
-    ptrs.push(std::ptr::null());
-    (owned, ptrs)
-}
+/// Name of the variable that tells a new image its virtual working directory.
+pub(crate) const CWD_ENV: &str = "KURA_FS_CWD";
 
-/// `envp` with `KURA_FS_TEXT` set to `<ino>:<fd>` (or removed).
-fn env_with_text(envp: *const *const c_char, text: Option<(u64, c_int)>) -> (Vec<u8>, Vec<*const c_char>) {
-    let prefix = format!("{}=", crate::text::TEXT_ENV);
+/// `envp` with variable `name` set to `value`, or removed: the new variable's bytes, the
+/// pointer array (NULL-terminated), and whether `envp` carried the variable.
+fn env_with(envp: *const *const c_char, name: &str, value: Option<&[u8]>) -> (Vec<u8>, Vec<*const c_char>, bool) {
+    let mut prefix = name.as_bytes().to_vec();
+    prefix.push(b'=');
     let mut ptrs: Vec<*const c_char> = Vec::new();
+    let mut had = false;
     if !envp.is_null() {
         for i in 0.. {
             // SAFETY: execve's contract: a NULL-terminated array of C strings.
@@ -251,36 +227,22 @@ fn env_with_text(envp: *const *const c_char, text: Option<(u64, c_int)>) -> (Vec
                 break;
             }
             // SAFETY: as above.
-            if !unsafe { bytes(p) }.unwrap_or_default().starts_with(prefix.as_bytes()) {
+            if unsafe { bytes(p) }.unwrap_or_default().starts_with(&prefix) {
+                had = true;
+            } else {
                 ptrs.push(p);
             }
         }
     }
-    let var = match text {
-        Some((ino, fd)) => format!("{prefix}{ino}:{fd}\0").into_bytes(),
+    let var = match value {
+        Some(value) => [&prefix[..], value, b"\0"].concat(),
         None => Vec::new(),
     };
     if !var.is_empty() {
         ptrs.push(var.as_ptr().cast());
     }
     ptrs.push(std::ptr::null());
-    (var, ptrs)
-}
-
-/// Whether `envp` carries `KURA_FS_CWD`.
-fn has_cwd_var(envp: *const *const c_char) -> bool {
-    // SAFETY: execve's contract.
-    !envp.is_null()
-        && (0..)
-            .map_while(|i| {
-                // SAFETY: a NULL-terminated array.
-                let p = unsafe { *envp.add(i) };
-                (!p.is_null()).then_some(p)
-            })
-            .any(|p| {
-                // SAFETY: C strings of the array.
-                unsafe { bytes(p) }.is_some_and(|s| s.starts_with(b"KURA_FS_CWD="))
-            })
+    (var, ptrs, had)
 }
 
 /// The common body of the three exec calls: `path` relative to `dirfd`, or `dirfd` itself
@@ -294,8 +256,8 @@ fn exec_call(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp
     writeback_before_leaving();
     crate::hooks::lock_files_across_exec(state);
     let cwd = state.cwd.read().clone();
-    let (_owned, env) = env_with_cwd(envp, cwd.as_deref());
-    let envp2 = if cwd.is_some() || has_cwd_var(envp) { env.as_ptr() } else { envp };
+    let (_owned, env, had_cwd) = env_with(envp, CWD_ENV, cwd.as_deref());
+    let envp2 = if cwd.is_some() || had_cwd { env.as_ptr() } else { envp };
     // SAFETY: libc's contract.
     let Some(p) = (unsafe { bytes(path) }) else { return kernel(envp2) };
     if state::busy() {

@@ -31,14 +31,21 @@ pub fn open_descriptors() -> Vec<i32> {
     fds
 }
 
-/// A host file kura keeps beside the lock file of `ino` (its name plus `suffix`: a shared
-/// mapping's backing file, a FIFO's kernel FIFO), and the lock directory, made if missing
-/// (both NUL-terminated).
-pub fn host_file_path(ino: u64, suffix: &str) -> (Vec<u8>, Vec<u8>) {
-    let (dir, mut file) = lock_file_path(ino);
+/// The name of a host file kura keeps beside the lock file of `ino`: that file's name plus
+/// `suffix` (a shared mapping's backing file, a FIFO's kernel FIFO, a program's text lock),
+/// NUL-terminated.
+pub fn host_file_name(ino: u64, suffix: &str) -> Vec<u8> {
+    let (_, mut file) = lock_file_path(ino);
     file.pop();
     file.extend_from_slice(suffix.as_bytes());
     file.push(0);
+    file
+}
+
+/// [`host_file_name`], and the lock directory, made if missing (both NUL-terminated).
+pub fn host_file_path(ino: u64, suffix: &str) -> (Vec<u8>, Vec<u8>) {
+    let file = host_file_name(ino, suffix);
+    let dir = format!("{}\0", lock_dir()).into_bytes();
     // SAFETY: dir is NUL-terminated.
     unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
     (dir, file)

@@ -2325,12 +2325,11 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
             return libc::MAP_FAILED;
         }
         if shared {
-            // As the kernel: a writable shared mapping needs a descriptor open for writing.
-            if prot & libc::PROT_WRITE != 0 && (of.flags() & libc::O_ACCMODE != libc::O_RDWR || of.flags() & libc::O_APPEND != 0) {
-                set_errno(libc::EACCES);
-                return libc::MAP_FAILED;
-            }
-            if of.flags() & libc::O_ACCMODE == libc::O_WRONLY {
+            // As the kernel: every shared mapping needs a descriptor open for reading, a
+            // writable one a descriptor open for reading and writing, not appending.
+            let accmode = of.flags() & libc::O_ACCMODE;
+            let writable = accmode == libc::O_RDWR && of.flags() & libc::O_APPEND == 0;
+            if accmode == libc::O_WRONLY || (prot & libc::PROT_WRITE != 0 && !writable) {
                 set_errno(libc::EACCES);
                 return libc::MAP_FAILED;
             }

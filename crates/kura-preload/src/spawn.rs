@@ -111,19 +111,17 @@ pub(crate) fn layout_matches() -> bool {
             let view = &*(&fa as *const libc::posix_spawn_file_actions_t).cast::<FileActions>();
             let matches = ok && view.used == 7 && !view.actions.is_null() && {
                 let a = std::slice::from_raw_parts(view.actions, 7);
-                let cstr = |p: *const c_char| !p.is_null() && std::ffi::CStr::from_ptr(p).to_bytes().len() == 2;
+                let is = |p: *const c_char, want: &std::ffi::CStr| !p.is_null() && std::ffi::CStr::from_ptr(p) == want;
                 a[0].tag == DO_CLOSE
                     && a[0].action.fd == 11
                     && a[1].tag == DO_DUP2
                     && (a[1].action.dup2.fd, a[1].action.dup2.newfd) == (12, 13)
                     && a[2].tag == DO_OPEN
                     && a[2].action.open.fd == 14
-                    && cstr(a[2].action.open.path)
-                    && std::ffi::CStr::from_ptr(a[2].action.open.path) == c"/o"
+                    && is(a[2].action.open.path, c"/o")
                     && (a[2].action.open.oflag, a[2].action.open.mode) == (libc::O_RDWR, 0o640)
                     && a[3].tag == DO_CHDIR
-                    && cstr(a[3].action.chdir)
-                    && std::ffi::CStr::from_ptr(a[3].action.chdir) == c"/c"
+                    && is(a[3].action.chdir, c"/c")
                     && a[4].tag == DO_FCHDIR
                     && a[4].action.fd == 15
                     && a[5].tag == DO_CLOSEFROM
@@ -210,7 +208,7 @@ fn spawn(
         }
     };
     // Before the fork: PATH as the caller's environment has it (as glibc searches).
-    let search_path: Vec<u8> = if search { std::env::var_os("PATH").map_or_else(|| b"/bin:/usr/bin".to_vec(), |p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec()) } else { Vec::new() };
+    let search_path: Option<Vec<u8>> = search.then(|| std::env::var_os("PATH").map_or_else(|| b"/bin:/usr/bin".to_vec(), std::os::unix::ffi::OsStringExt::into_vec));
     let mut pipe = [0 as c_int; 2];
     // SAFETY: pipe2 writes two descriptors into the array.
     if unsafe { libc::syscall(libc::SYS_pipe2, pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -231,7 +229,7 @@ fn spawn(
     if pid == 0 {
         raw::close(pipe[0]);
         let mut report = pipe[1];
-        let e = child(path, actions, attrs.as_ref(), &old, argv, envp, search.then_some(&search_path[..]), &mut report);
+        let e = child(path, actions, attrs.as_ref(), &old, argv, envp, search_path.as_deref(), &mut report);
         report_and_exit(report, e);
     }
     let fork_errno = crate::hooks::errno();
@@ -302,15 +300,13 @@ fn child(
     // live across each call; the union fields read are the ones each action's tag names.
     unsafe {
         let flags = attrs.map_or(0, |a| a.flags);
-        for sig in 1..libc::SIGRTMAX() {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            let default = attrs.is_some_and(|a| flags & SETSIGDEF != 0 && libc::sigismember(&a.sigdefault, sig) == 1);
-            if default {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &sa, std::ptr::null_mut());
+        if let Some(a) = attrs.filter(|_| flags & SETSIGDEF != 0) {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            for sig in (1..libc::SIGRTMAX()).filter(|&sig| sig != libc::SIGKILL && sig != libc::SIGSTOP) {
+                if libc::sigismember(&a.sigdefault, sig) == 1 {
+                    libc::sigaction(sig, &sa, std::ptr::null_mut());
+                }
             }
         }
         if let Some(a) = attrs {

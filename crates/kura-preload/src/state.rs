@@ -248,7 +248,7 @@ pub fn init() {
         fs: Mutex::new(FsSlot::default()),
         fs_open: OnceLock::new(),
         fds: FdTable::new(),
-        cwd: RwLock::new(env("KURA_FS_CWD").map(String::into_bytes)),
+        cwd: RwLock::new(env(crate::exec::CWD_ENV).map(String::into_bytes)),
         sock_prefix,
         sock_names: crate::sock::SocketNames::default(),
         maps: crate::maps::SharedMaps::default(),

@@ -15,13 +15,8 @@ use crate::hooks::raw;
 /// Tells the new image `<ino>:<descriptor>` of the text lock it inherits (removed from its
 /// environment at load).
 pub const TEXT_ENV: &str = "KURA_FS_TEXT";
-
-fn text_path(ino: u64) -> Vec<u8> {
-    let (_, mut file) = crate::fds::lock_file_path(ino);
-    file.pop();
-    file.extend_from_slice(b".text\0");
-    file
-}
+/// The text lock file's suffix beside the inode's lock file.
+const TEXT_SUFFIX: &str = ".text";
 
 fn byte_zero(kind: c_int) -> libc::flock {
     libc::flock { l_type: kind as i16, l_whence: libc::SEEK_SET as i16, l_start: 0, l_len: 1, l_pid: 0 }
@@ -31,7 +26,7 @@ fn byte_zero(kind: c_int) -> libc::flock {
 /// image inherits (high, not close-on-exec), for [`TEXT_ENV`]. `None` when the lock file
 /// cannot be made (the program then runs unprotected).
 pub fn lock_for_exec(ino: u64) -> Option<c_int> {
-    let (_, path) = crate::fds::host_file_path(ino, ".text"); // makes the directory
+    let (_, path) = crate::fds::host_file_path(ino, TEXT_SUFFIX); // makes the directory
     // SAFETY: a NUL-terminated path; flags and mode.
     let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) } as c_int;
     if fd < 0 {
@@ -60,7 +55,7 @@ pub fn hold_at_init() {
     let Some((ino, fd)) = value.to_str().and_then(|v| v.split_once(':')).and_then(|(i, f)| Some((i.parse::<u64>().ok()?, f.parse::<c_int>().ok()?))) else { return };
     // SAFETY: zeroed stats are valid values; fstat and stat write only into them.
     let (mut held, mut want): (libc::stat, libc::stat) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    let path = text_path(ino);
+    let path = crate::fds::host_file_name(ino, TEXT_SUFFIX);
     // SAFETY: a descriptor number, a NUL-terminated path and writable structs.
     let same = unsafe {
         libc::syscall(libc::SYS_fstat, fd, &mut held as *mut libc::stat) == 0
@@ -74,7 +69,7 @@ pub fn hold_at_init() {
 
 /// Whether kura file `ino` is a program that some process is running.
 pub fn busy(ino: u64) -> bool {
-    let path = text_path(ino);
+    let path = crate::fds::host_file_name(ino, TEXT_SUFFIX);
     // SAFETY: a NUL-terminated path (one system call when no program ran from the file).
     if unsafe { libc::syscall(libc::SYS_faccessat, libc::AT_FDCWD, path.as_ptr(), libc::F_OK) } != 0 {
         return false;

@@ -68,16 +68,22 @@ fn forks_while_other_threads_are_inside_kura_calls_never_hang() {
         return kura_testkit::skip("no gcc to build tests/c/fork_threads.c");
     }
     let env = Env::new();
-    let exe = env.dir.path().join("fork_threads");
-    let src = workspace().join("crates/kura-preload/tests/c/fork_threads.c");
-    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-pthread", "-o"]).arg(&exe).arg(&src).output().unwrap();
-    check(&out, &["gcc", "fork_threads.c"]);
+    let exe = build_c(&env, &workspace().join("crates/kura-preload/tests/c/fork_threads.c"), &["-pthread"]);
     let script = format!("mkdir /kura/ft && cp /bin/true /kura/ft/true && {} /kura/ft 300 /kura/ft/true", exe.display());
     let mut cmd = env.command(&[], &["sh", "-c", &script]);
     cmd.env("KURA_FS_WRITEBACK_MS", "1");
     let out = output_within(cmd, Duration::from_secs(180), "fork_threads");
     check(&out, &["sh", "-c", &script]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "forks ok 300");
+}
+
+/// Compiles the C program `src` with gcc (`-O1 -Wall`, then `extra`) into the test's directory,
+/// named after the source; the executable's path.
+fn build_c(env: &Env, src: &std::path::Path, extra: &[&str]) -> std::path::PathBuf {
+    let exe = env.dir.path().join(src.file_stem().expect("a source file name"));
+    let out = std::process::Command::new("gcc").args(["-O1", "-Wall"]).args(extra).arg("-o").arg(&exe).arg(src).output().unwrap();
+    check(&out, &["gcc", &src.display().to_string()]);
+    exe
 }
 
 /// Runs `cmd` in its own process group and returns its output; kills the group and fails
@@ -442,10 +448,7 @@ fn posix_spawn_system_and_popen_as_on_the_kernel() {
         return kura_testkit::skip("no gcc to build tests/c/spawn.c");
     }
     let env = Env::new();
-    let exe = env.dir.path().join("spawn");
-    let src = workspace().join("crates/kura-preload/tests/c/spawn.c");
-    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
-    check(&out, &["gcc", "spawn.c"]);
+    let exe = build_c(&env, &workspace().join("crates/kura-preload/tests/c/spawn.c"), &[]);
     let host = env.dir.path().join("host");
     std::fs::create_dir(&host).unwrap();
     let out = std::process::Command::new(&exe).arg(&host).output().unwrap();
@@ -469,7 +472,6 @@ fn libraries_in_the_mount_load_with_dlopen_without_fuse() {
         return kura_testkit::skip("no gcc");
     }
     let env = Env::new();
-    let exe = env.dir.path().join("dlopen");
     let src = env.dir.path().join("dlopen.c");
     std::fs::write(
         &src,
@@ -489,8 +491,7 @@ int main(int argc, char **argv) {
 "#,
     )
     .unwrap();
-    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
-    check(&out, &["gcc", "dlopen.c"]);
+    let exe = build_c(&env, &src, &[]);
     // liba.so needs libb.so from beside it ($ORIGIN/sub in its run path).
     let script = format!(
         "mkdir -p /kura/dl/sub && cd /kura/dl && echo 'int b(void) {{ return 2; }}' > sub/b.c && gcc -shared -fPIC -o sub/libb.so -Wl,-soname,libb.so sub/b.c \\
@@ -514,10 +515,7 @@ fn c_program_through_stdio_and_the_posix_calls() {
         return;
     }
     let env = Env::new();
-    let exe = env.dir.path().join("posix");
-    let src = workspace().join("crates/kura-preload/tests/c/posix.c");
-    let out = std::process::Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
-    check(&out, &["gcc", "posix.c"]);
+    let exe = build_c(&env, &workspace().join("crates/kura-preload/tests/c/posix.c"), &[]);
     let out = env.sh(&format!("mkdir /kura/c && {} /kura/c", exe.display()));
     assert!(out.ends_with("all ok\n"), "{out}");
 }
