@@ -303,7 +303,7 @@ fn child(
         if let Some(a) = attrs.filter(|_| flags & SETSIGDEF != 0) {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = libc::SIG_DFL;
-            for sig in (1..libc::SIGRTMAX()).filter(|&sig| sig != libc::SIGKILL && sig != libc::SIGSTOP) {
+            for sig in (1..=libc::SIGRTMAX()).filter(|&sig| sig != libc::SIGKILL && sig != libc::SIGSTOP) {
                 if libc::sigismember(&a.sigdefault, sig) == 1 {
                     libc::sigaction(sig, &sa, std::ptr::null_mut());
                 }
