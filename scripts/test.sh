@@ -44,6 +44,7 @@ packages=(
   xz-utils            # the kernel's modules are .ko.xz
   sqlite3             # a real database under the LD_PRELOAD file system
   python3             # os/shutil/pathlib programs under the preload
+  nodejs              # Node.js (libuv) programs under the preload
   libclang-dev        # bindgen for libublk-sys (the ublk frontend) at build time
   gcc                 # compiles the C test program of the preload (stdio, POSIX calls)
 )

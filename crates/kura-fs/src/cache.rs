@@ -382,11 +382,17 @@ impl Fs {
     /// is pending here (cached pages are dropped when another process changed the data). The
     /// first open records this process in the inode's openers (see [`crate::openers`]); a file
     /// unlinked before that is `NotFound`.
+    ///
+    /// A record older than the node (a lower generation) is not taken: another thread's last
+    /// close wrote the node back after the caller read the record (`release` holds
+    /// `registered` meanwhile, so this open waits for it), and the node's size is the newer.
+    /// Taking it made a file closed by one thread while another opened it read as empty
+    /// (Node.js's write stream closing while a read stream opened the file).
     pub fn open_node(&self, inode: &Inode) -> Result<Arc<Node>> {
         let node = Arc::clone(self.nodes.lock().entry(inode.ino).or_insert_with(|| Arc::new(Node::new(inode))));
         let mut registered = node.registered.lock();
         let mut inner = node.inner.lock();
-        if inner.dirty == 0 && !inner.meta_dirty && inner.opens == 0 {
+        if inner.dirty == 0 && !inner.meta_dirty && inner.opens == 0 && inode.generation >= inner.generation {
             if inner.generation != inode.generation {
                 self.drop_pages(&mut inner, 0);
                 inner.generation = inode.generation;

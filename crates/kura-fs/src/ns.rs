@@ -561,11 +561,12 @@ impl Fs {
         }
         let target = self.lookup(ddir, dname)?;
         if let Some(t) = &target {
-            if t.ino == src.ino {
-                return Ok(()); // the same file: POSIX says do nothing
-            }
+            // Linux checks RENAME_NOREPLACE first: onto itself too, it is EEXIST.
             if flags.noreplace {
                 return Err(FsError::Exists);
+            }
+            if t.ino == src.ino {
+                return Ok(()); // the same file: POSIX says do nothing
             }
             match (src_is_dir, t.dtype == libc::DT_DIR) {
                 (true, false) => return Err(FsError::NotDir),

@@ -37,7 +37,7 @@ fn getdents(fd: c_int, buf: *mut u8, count: usize) -> c_long {
         };
     }
     // SAFETY: passing the caller's buffer to the kernel.
-    unsafe { libc::syscall(libc::SYS_getdents64, fd, buf, count) }
+    unsafe { crate::raw_syscall!(libc::SYS_getdents64, fd, buf, count) }
 }
 
 pub extern "C" fn h_getdents64(fd: c_int, buf: *mut c_void, count: usize) -> isize {

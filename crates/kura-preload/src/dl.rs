@@ -160,19 +160,19 @@ impl HostMap {
     /// [`kura_fs::elf::ELF_BYTES_MAX`], or an error.
     fn of(path: *const c_char) -> Option<Self> {
         // SAFETY: NUL-terminated path; flags.
-        let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC) } as c_int;
+        let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC) } as c_int;
         if fd < 0 {
             return None;
         }
         // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: our descriptor and a writable struct.
-        let sized = unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } == 0;
+        let sized = unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } == 0;
         let len = usize::try_from(st.st_size).unwrap_or(0);
         let addr = if sized && len > 0 && len <= kura_fs::elf::ELF_BYTES_MAX {
             // SAFETY: a new private read-only mapping of our descriptor (the system call: the
             // hooked mmap is for kura descriptors).
-            unsafe { libc::syscall(libc::SYS_mmap, std::ptr::null_mut::<libc::c_void>(), len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0 as libc::off_t) as *mut libc::c_void }
+            unsafe { crate::raw_syscall!(libc::SYS_mmap, std::ptr::null_mut::<libc::c_void>(), len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0 as libc::off_t) as *mut libc::c_void }
         } else {
             libc::MAP_FAILED
         };
@@ -189,13 +189,13 @@ impl HostMap {
 impl Drop for HostMap {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping, which nothing refers to afterwards.
-        unsafe { libc::syscall(libc::SYS_munmap, self.addr, self.len) };
+        unsafe { crate::raw_syscall!(libc::SYS_munmap, self.addr, self.len) };
     }
 }
 
 fn host_file_exists(path: &[u8]) -> bool {
     // SAFETY: a NUL-terminated path.
-    unsafe { libc::syscall(libc::SYS_faccessat, libc::AT_FDCWD, path.as_ptr(), libc::F_OK) == 0 }
+    unsafe { crate::raw_syscall!(libc::SYS_faccessat, libc::AT_FDCWD, path.as_ptr(), libc::F_OK) == 0 }
 }
 
 /// The host copy of kura descriptor `fd`'s file, made or refreshed, and the file's inode.
@@ -222,7 +222,7 @@ fn current(target: &[u8], st: &libc::stat) -> bool {
     // SAFETY: a zeroed stat is a valid value; the raw stat writes it.
     let mut have: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: NUL-terminated path, a writable struct.
-    let r = unsafe { libc::syscall(libc::SYS_newfstatat, libc::AT_FDCWD, target.as_ptr(), &mut have as *mut libc::stat, 0) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_newfstatat, libc::AT_FDCWD, target.as_ptr(), &mut have as *mut libc::stat, 0) };
     // SAFETY: geteuid touches no memory.
     let euid = unsafe { libc::geteuid() };
     r == 0
@@ -238,19 +238,19 @@ fn refresh(fd: c_int, target: &[u8], st: &libc::stat) -> Option<()> {
     let mut tmp = target[..target.len() - 1].to_vec();
     tmp.extend_from_slice(format!(".{}.tmp\0", std::process::id()).as_bytes());
     // SAFETY: NUL-terminated path; flags and mode.
-    let out = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, tmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o755) } as c_int;
+    let out = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, tmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o755) } as c_int;
     if out < 0 {
         return None;
     }
     let copied = copy_all(fd, out);
     let times = [libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec }; 2];
     // SAFETY: our descriptor and two timespecs that live across the call.
-    let stamped = unsafe { libc::syscall(libc::SYS_utimensat, out, std::ptr::null::<c_char>(), times.as_ptr(), 0) } == 0;
+    let stamped = unsafe { crate::raw_syscall!(libc::SYS_utimensat, out, std::ptr::null::<c_char>(), times.as_ptr(), 0) } == 0;
     raw::close(out);
     // SAFETY: NUL-terminated paths.
-    if !(copied && stamped) || unsafe { libc::syscall(libc::SYS_renameat, libc::AT_FDCWD, tmp.as_ptr(), libc::AT_FDCWD, target.as_ptr()) } != 0 {
+    if !(copied && stamped) || unsafe { crate::raw_syscall!(libc::SYS_renameat, libc::AT_FDCWD, tmp.as_ptr(), libc::AT_FDCWD, target.as_ptr()) } != 0 {
         // SAFETY: NUL-terminated path.
-        unsafe { libc::syscall(libc::SYS_unlinkat, libc::AT_FDCWD, tmp.as_ptr(), 0) };
+        unsafe { crate::raw_syscall!(libc::SYS_unlinkat, libc::AT_FDCWD, tmp.as_ptr(), 0) };
         return None;
     }
     Some(())
@@ -272,7 +272,7 @@ fn copy_all(from: c_int, to: c_int) -> bool {
         let mut done = 0usize;
         while done < n as usize {
             // SAFETY: writing our buffer's filled part to our host descriptor.
-            let w = unsafe { libc::syscall(libc::SYS_write, to, buf[done..n as usize].as_ptr(), n as usize - done) };
+            let w = unsafe { crate::raw_syscall!(libc::SYS_write, to, buf[done..n as usize].as_ptr(), n as usize - done) };
             if w <= 0 {
                 return false;
             }

@@ -70,7 +70,7 @@ fn copy_image(fs: &Arc<Fs>, node: &Arc<kura_fs::Node>, kernel_path: Option<&[u8]
     let mut at = 0u64;
     while n > 0 {
         // SAFETY: writing our buffer to our memfd.
-        let w = unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf.as_ptr(), n, at as i64) };
+        let w = unsafe { crate::raw_syscall!(libc::SYS_pwrite64, fd, buf.as_ptr(), n, at as i64) };
         if w != n as i64 {
             raw::close(fd);
             return Err(libc::EIO);
@@ -111,7 +111,7 @@ pub(crate) fn kernel_sees_mount(state: &State) -> bool {
     // SAFETY: a zeroed statfs is a valid value; statfs writes only into it.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a writable struct that lives across the call.
-    let r = unsafe { libc::syscall(libc::SYS_statfs, path.as_ptr(), &mut st as *mut libc::statfs) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_statfs, path.as_ptr(), &mut st as *mut libc::statfs) };
     r == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
 }
 
@@ -119,13 +119,13 @@ pub(crate) fn kernel_sees_mount(state: &State) -> bool {
 /// kura path: the kernel could not find that interpreter.
 fn kernel_script_with_kura_interpreter(state: &State, path: &[u8]) -> Option<Shebang> {
     // SAFETY: path is NUL-terminated; a read-only, non-blocking open of the caller's file.
-    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if fd < 0 {
         return None;
     }
     let mut head = [0u8; SHEBANG_LINE_BYTES_MAX];
     // SAFETY: reading into our buffer.
-    let n = unsafe { libc::syscall(libc::SYS_read, fd, head.as_mut_ptr(), head.len()) };
+    let n = unsafe { crate::raw_syscall!(libc::SYS_read, fd, head.as_mut_ptr(), head.len()) };
     raw::close(fd as c_int);
     let shebang = parse_shebang(&head[..usize::try_from(n).ok()?]).ok()??;
     matches!(classify(state, libc::AT_FDCWD, &shebang.interpreter), Ok(Target::Kura { .. })).then_some(shebang)
@@ -190,7 +190,7 @@ fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, en
                 let value = text.map(|t| format!("{ino}:{t}").into_bytes());
                 let (_owned, env, _) = env_with(envp, crate::text::TEXT_ENV, value.as_deref());
                 // SAFETY: executing our memfd with the argv and environment.
-                let r = unsafe { libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, env.as_ptr(), libc::AT_EMPTY_PATH) };
+                let r = unsafe { crate::raw_syscall!(libc::SYS_execveat, fd, c"".as_ptr(), argv, env.as_ptr(), libc::AT_EMPTY_PATH) };
                 if let Some(t) = text {
                     raw::close(t);
                 }
@@ -200,7 +200,7 @@ fn exec(state: &State, dirfd: c_int, path: &[u8], argv: *const *const c_char, en
                 r
             }
             // SAFETY: a NUL-terminated path, the argv and environment.
-            ExecTarget::Kernel(abs) => unsafe { libc::syscall(libc::SYS_execveat, libc::AT_FDCWD, abs.as_ptr(), argv, envp, flags & !libc::AT_EMPTY_PATH) },
+            ExecTarget::Kernel(abs) => unsafe { crate::raw_syscall!(libc::SYS_execveat, libc::AT_FDCWD, abs.as_ptr(), argv, envp, flags & !libc::AT_EMPTY_PATH) },
             ExecTarget::Script(_) => unreachable!("scripts are followed above"),
         };
         debug_assert!(r < 0);
@@ -250,7 +250,7 @@ fn env_with(envp: *const *const c_char, name: &str, value: Option<&[u8]>) -> (Ve
 fn exec_call(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int {
     let kernel = |envp: *const *const c_char| {
         // SAFETY: passing the caller's arguments (and our environment copy) to the kernel.
-        unsafe { libc::syscall(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int }
     };
     let Some(state) = state::get() else { return kernel(envp) };
     writeback_before_leaving();

@@ -47,7 +47,7 @@ pub fn host_file_path(ino: u64, suffix: &str) -> (Vec<u8>, Vec<u8>) {
     let file = host_file_name(ino, suffix);
     let dir = format!("{}\0", lock_dir()).into_bytes();
     // SAFETY: dir is NUL-terminated.
-    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
+    unsafe { crate::raw_syscall!(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
     (dir, file)
 }
 

@@ -13,6 +13,8 @@ use crate::fds::{self, OpenFile, create_placeholder};
 use crate::paths::{Target, bytes, c_path, classify};
 use crate::state::{self, Busy, State};
 
+mod by_number;
+
 /// fchmodat2(2), Linux 6.6 (not yet in the libc crate).
 const SYS_FCHMODAT2: c_long = 452;
 /// `st_dev` of every kura file.
@@ -23,13 +25,13 @@ const COPY_STEP_BYTES: usize = 128 << 10;
 /// `getcwd(NULL, 0)` allocates this much at most.
 const CWD_BYTES_MAX: usize = 4096;
 
-/// Raw system calls (the kernel's answer, errno set by `syscall(3)` on failure).
+/// Raw system calls (the kernel's answer; -1 and errno on failure, see [`crate::sys`]).
 pub mod raw {
     use std::ffi::{c_long, c_void};
 
     pub fn close(fd: i32) {
         // SAFETY: close takes an integer.
-        unsafe { libc::syscall(libc::SYS_close, fd) };
+        unsafe { crate::raw_syscall!(libc::SYS_close, fd) };
     }
 
     fn res(r: c_long) -> Result<c_long, i32> {
@@ -39,22 +41,22 @@ pub mod raw {
     pub fn memfd_create(name: &[u8], flags: u32) -> Result<i32, i32> {
         debug_assert_eq!(name.last(), Some(&0));
         // SAFETY: name is NUL-terminated.
-        res(unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) }).map(|fd| fd as i32)
+        res(unsafe { crate::raw_syscall!(libc::SYS_memfd_create, name.as_ptr(), flags) }).map(|fd| fd as i32)
     }
 
     pub fn ftruncate(fd: i32, len: i64) -> Result<(), i32> {
         // SAFETY: integers only.
-        res(unsafe { libc::syscall(libc::SYS_ftruncate, fd, len) }).map(|_| ())
+        res(unsafe { crate::raw_syscall!(libc::SYS_ftruncate, fd, len) }).map(|_| ())
     }
 
     pub fn fcntl(fd: i32, cmd: i32, arg: c_long) -> Result<i32, i32> {
         // SAFETY: the commands used here take integer arguments.
-        res(unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) }).map(|r| r as i32)
+        res(unsafe { crate::raw_syscall!(libc::SYS_fcntl, fd, cmd, arg) }).map(|r| r as i32)
     }
 
     pub fn mmap_shared(fd: i32, len: usize) -> Result<*mut c_void, i32> {
         // SAFETY: a new shared mapping of `fd`; the kernel picks the address.
-        let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0i64) };
+        let p = unsafe { crate::raw_syscall!(libc::SYS_mmap, 0usize, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0i64) };
         if (p as isize) < 0 && (p as isize) > -4096 { Err(-(p as isize) as i32) } else if p == -1 { Err(super::errno()) } else { Ok(p as *mut c_void) }
     }
 
@@ -62,7 +64,7 @@ pub mod raw {
     /// `addr..addr+len` must be a mapping nothing uses any more.
     pub unsafe fn munmap(addr: *mut c_void, len: usize) {
         // SAFETY: the caller's promise.
-        unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
+        unsafe { crate::raw_syscall!(libc::SYS_munmap, addr, len) };
     }
 
     /// The kernel's `(st_dev, st_ino)` of `fd`.
@@ -70,7 +72,7 @@ pub mod raw {
         // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `st` is writable and lives across the call.
-        res(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
+        res(unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
         Ok((st.st_dev, st.st_ino))
     }
 
@@ -80,14 +82,14 @@ pub mod raw {
         // SAFETY: a zeroed stat is a valid value; fstatat writes only into it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: path is NUL-terminated; `st` is writable and lives across the call.
-        res(unsafe { libc::syscall(libc::SYS_newfstatat, libc::AT_FDCWD, path.as_ptr(), &mut st as *mut libc::stat, 0) })?;
+        res(unsafe { crate::raw_syscall!(libc::SYS_newfstatat, libc::AT_FDCWD, path.as_ptr(), &mut st as *mut libc::stat, 0) })?;
         Ok((st.st_dev, st.st_ino))
     }
 
     pub fn readlink(path: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
         debug_assert_eq!(path.last(), Some(&0));
         // SAFETY: path is NUL-terminated; buf is writable for its length.
-        res(unsafe { libc::syscall(libc::SYS_readlinkat, libc::AT_FDCWD, path.as_ptr(), buf.as_mut_ptr(), buf.len()) }).map(|n| n as usize)
+        res(unsafe { crate::raw_syscall!(libc::SYS_readlinkat, libc::AT_FDCWD, path.as_ptr(), buf.as_mut_ptr(), buf.len()) }).map(|n| n as usize)
     }
 }
 
@@ -108,7 +110,7 @@ pub fn complain(msg: &str) {
     }
     let line = format!("{msg}\n");
     // SAFETY: writing our own buffer to fd 2.
-    unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
+    unsafe { crate::raw_syscall!(libc::SYS_write, 2, line.as_ptr(), line.len()) };
 }
 
 pub(crate) fn fs_errno(e: FsError) -> i32 {
@@ -210,8 +212,8 @@ pub(crate) fn owner() -> Owner {
 pub(crate) fn umask_now() -> u32 {
     // SAFETY: umask takes and returns integers; the old mask is put back at once.
     unsafe {
-        let m = libc::syscall(libc::SYS_umask, 0);
-        libc::syscall(libc::SYS_umask, m);
+        let m = crate::raw_syscall!(libc::SYS_umask, 0);
+        crate::raw_syscall!(libc::SYS_umask, m);
         m as u32
     }
 }
@@ -377,7 +379,7 @@ extern "C" fn h_fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat,
     guard(-1, || {
         let raw_call = |dirfd: c_int, path: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_newfstatat, dirfd, path, buf, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_newfstatat, dirfd, path, buf, flags) as c_int }
         };
         let Some(state) = active() else { return raw_call(dirfd, path) };
         match stat_target(state, dirfd, path, flags) {
@@ -411,7 +413,7 @@ extern "C" fn h_fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
             }));
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_fstat, fd, buf) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, buf) as c_int }
     })
 }
 
@@ -435,7 +437,7 @@ extern "C" fn h_statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_u
     guard(-1, || {
         let raw_call = |dirfd: c_int, path: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_statx, dirfd, path, flags, mask, buf) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_statx, dirfd, path, flags, mask, buf) as c_int }
         };
         let Some(state) = active() else { return raw_call(dirfd, path) };
         match stat_target(state, dirfd, path, flags) {
@@ -493,7 +495,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         Resolved::Outside(abs) => {
             let p = c_path(&abs);
             // SAFETY: a NUL-terminated path of ours and the caller's flags and mode.
-            let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), flags, mode) };
+            let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), flags, mode) };
             return if fd < 0 { Err(errno()) } else { Ok(Opened::Fd(fd as c_int)) };
         }
         Resolved::Missing { parent, name } => {
@@ -571,10 +573,10 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
 fn host_fifo(ino: u64) -> Result<Vec<u8>, i32> {
     let (_, path) = fds::host_file_path(ino, ".fifo");
     // SAFETY: a NUL-terminated path of ours.
-    if unsafe { libc::syscall(libc::SYS_mknodat, libc::AT_FDCWD, path.as_ptr(), libc::S_IFIFO | 0o666, 0) } == 0 {
+    if unsafe { crate::raw_syscall!(libc::SYS_mknodat, libc::AT_FDCWD, path.as_ptr(), libc::S_IFIFO | 0o666, 0) } == 0 {
         // Not narrowed by the umask: kura checked the caller's permission on its own node.
         // SAFETY: as above.
-        unsafe { libc::syscall(libc::SYS_fchmodat, libc::AT_FDCWD, path.as_ptr(), 0o666) };
+        unsafe { crate::raw_syscall!(libc::SYS_fchmodat, libc::AT_FDCWD, path.as_ptr(), 0o666) };
     } else if errno() != libc::EEXIST {
         return Err(errno());
     }
@@ -585,7 +587,7 @@ extern "C" fn h_openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_
     guard(-1, || {
         let raw_call = |dirfd: c_int, path: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_openat, dirfd, path, flags, mode) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_openat, dirfd, path, flags, mode) as c_int }
         };
         let Some(state) = active() else { return raw_call(dirfd, path) };
         // SAFETY: libc's contract.
@@ -634,7 +636,7 @@ fn descriptor_closed(state: &State, of: &OpenFile) {
         written_back_before_unlock(state);
         let mut all = libc::flock { l_type: libc::F_UNLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: 0, l_len: 0, l_pid: 0 };
         // SAFETY: `all` is a struct flock that lives across the call.
-        unsafe { libc::syscall(libc::SYS_fcntl, lfd, libc::F_SETLK, &mut all as *mut libc::flock) };
+        unsafe { crate::raw_syscall!(libc::SYS_fcntl, lfd, libc::F_SETLK, &mut all as *mut libc::flock) };
     }
 }
 
@@ -659,7 +661,7 @@ extern "C" fn h_close(fd: c_int) -> c_int {
             return ret_int(final_release(state, of).map(|()| 0));
         }
         // SAFETY: close takes an integer.
-        unsafe { libc::syscall(libc::SYS_close, fd) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_close, fd) as c_int }
     })
 }
 
@@ -674,7 +676,7 @@ extern "C" fn h_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int 
     guard(-1, || {
         let kernel = |first: c_uint, last: c_uint| {
             // SAFETY: close_range takes integers.
-            unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_close_range, first, last, flags) as c_int }
         };
         let known = libc::CLOSE_RANGE_UNSHARE | libc::CLOSE_RANGE_CLOEXEC;
         let Some(state) = active() else { return kernel(first, last) };
@@ -687,7 +689,7 @@ extern "C" fn h_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int 
             if flags as c_uint & libc::CLOSE_RANGE_UNSHARE != 0 {
                 // Unshare first, so that the kura descriptors closed below are this table's.
                 // SAFETY: unshare takes an integer.
-                if unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_FILES) } < 0 {
+                if unsafe { crate::raw_syscall!(libc::SYS_unshare, libc::CLONE_FILES) } < 0 {
                     return -1;
                 }
             }
@@ -736,7 +738,7 @@ fn install_dup(state: &State, of: Arc<OpenFile>, newfd: c_long) -> c_int {
 extern "C" fn h_dup(fd: c_int) -> c_int {
     guard(-1, || {
         // SAFETY: dup takes an integer.
-        let newfd = unsafe { libc::syscall(libc::SYS_dup, fd) };
+        let newfd = unsafe { crate::raw_syscall!(libc::SYS_dup, fd) };
         if let Some(state) = active()
             && let Some(of) = state.fds.get(fd)
         {
@@ -749,7 +751,7 @@ extern "C" fn h_dup(fd: c_int) -> c_int {
 extern "C" fn h_dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     guard(-1, || {
         // SAFETY: dup3 takes integers.
-        let r = unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) };
+        let r = unsafe { crate::raw_syscall!(libc::SYS_dup3, old, new, flags) };
         let Some(state) = active() else { return r as c_int };
         if r < 0 {
             return r as c_int;
@@ -771,7 +773,7 @@ extern "C" fn h_dup2(old: c_int, new: c_int) -> c_int {
         if old == new {
             // dup2 onto itself only checks that `old` is open.
             // SAFETY: fcntl with F_GETFD takes integers.
-            let r = unsafe { libc::syscall(libc::SYS_fcntl, old, libc::F_GETFD) };
+            let r = unsafe { crate::raw_syscall!(libc::SYS_fcntl, old, libc::F_GETFD) };
             return if r < 0 { -1 } else { new };
         }
         h_dup3(old, new, 0)
@@ -877,7 +879,7 @@ extern "C" fn h_read(fd: c_int, buf: *mut c_void, count: usize) -> isize {
             return ret(kura_read(state, &of, buf.cast(), count, None)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_read, fd, buf, count) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_read, fd, buf, count) as isize }
     })
 }
 
@@ -889,7 +891,7 @@ extern "C" fn h_write(fd: c_int, buf: *const c_void, count: usize) -> isize {
             return ret(kura_write(state, &of, buf.cast(), count, None)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_write, fd, buf, count) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_write, fd, buf, count) as isize }
     })
 }
 
@@ -904,7 +906,7 @@ extern "C" fn h_pread(fd: c_int, buf: *mut c_void, count: usize, offset: i64) ->
             return ret(kura_read(state, &of, buf.cast(), count, Some(offset as u64))) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_pread64, fd, buf, count, offset) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_pread64, fd, buf, count, offset) as isize }
     })
 }
 
@@ -919,7 +921,7 @@ extern "C" fn h_pwrite(fd: c_int, buf: *const c_void, count: usize, offset: i64)
             return ret(kura_write(state, &of, buf.cast(), count, Some(offset as u64))) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_pwrite64, fd, buf, count, offset) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_pwrite64, fd, buf, count, offset) as isize }
     })
 }
 
@@ -976,7 +978,7 @@ extern "C" fn h_readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
             return ret(kura_readv(state, &of, iov, cnt, None)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_readv, fd, iov, cnt) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_readv, fd, iov, cnt) as isize }
     })
 }
 
@@ -988,7 +990,7 @@ extern "C" fn h_writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize 
             return ret(kura_writev(state, &of, iov, cnt, None)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_writev, fd, iov, cnt) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_writev, fd, iov, cnt) as isize }
     })
 }
 
@@ -1001,7 +1003,7 @@ extern "C" fn h_preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: i
             return ret(kura_readv(state, &of, iov, cnt, at)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel (offset split as the ABI wants).
-        unsafe { libc::syscall(libc::SYS_preadv, fd, iov, cnt, offset, 0) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_preadv, fd, iov, cnt, offset, 0) as isize }
     })
 }
 
@@ -1014,7 +1016,7 @@ extern "C" fn h_pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: 
             return ret(kura_writev(state, &of, iov, cnt, at)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_pwritev, fd, iov, cnt, offset, 0) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_pwritev, fd, iov, cnt, offset, 0) as isize }
     })
 }
 
@@ -1026,7 +1028,7 @@ extern "C" fn h_preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset: 
             return h_preadv(fd, iov, cnt, offset);
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_preadv2, fd, iov, cnt, offset, 0, flags) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_preadv2, fd, iov, cnt, offset, 0, flags) as isize }
     })
 }
 
@@ -1038,7 +1040,7 @@ extern "C" fn h_pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset:
             return h_pwritev(fd, iov, cnt, offset);
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_pwritev2, fd, iov, cnt, offset, 0, flags) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_pwritev2, fd, iov, cnt, offset, 0, flags) as isize }
     })
 }
 
@@ -1087,7 +1089,7 @@ extern "C" fn h_lseek(fd: c_int, offset: i64, whence: c_int) -> i64 {
             return ret(kura_lseek(state, &of, offset, whence));
         }
         // SAFETY: integers only.
-        unsafe { libc::syscall(libc::SYS_lseek, fd, offset, whence) }
+        unsafe { crate::raw_syscall!(libc::SYS_lseek, fd, offset, whence) }
     })
 }
 
@@ -1109,7 +1111,7 @@ extern "C" fn h_fsync(fd: c_int) -> c_int {
             }));
         }
         // SAFETY: an integer.
-        unsafe { libc::syscall(libc::SYS_fsync, fd) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fsync, fd) as c_int }
     })
 }
 
@@ -1121,7 +1123,7 @@ extern "C" fn h_fdatasync(fd: c_int) -> c_int {
             return h_fsync(fd);
         }
         // SAFETY: an integer.
-        unsafe { libc::syscall(libc::SYS_fdatasync, fd) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fdatasync, fd) as c_int }
     })
 }
 
@@ -1134,7 +1136,7 @@ extern "C" fn h_sync() {
             let _ = fs.sync_all();
         }
         // SAFETY: no arguments.
-        unsafe { libc::syscall(libc::SYS_sync) };
+        unsafe { crate::raw_syscall!(libc::SYS_sync) };
     })
 }
 
@@ -1146,7 +1148,7 @@ extern "C" fn h_syncfs(fd: c_int) -> c_int {
             return ret_int(with_fs(state, |fs| fs.sync_all().map(|()| 0).map_err(fs_errno)));
         }
         // SAFETY: an integer.
-        unsafe { libc::syscall(libc::SYS_syncfs, fd) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_syncfs, fd) as c_int }
     })
 }
 
@@ -1174,7 +1176,7 @@ extern "C" fn h_ftruncate(fd: c_int, len: i64) -> c_int {
             return ret_int(kura_set_size(state, &of, len));
         }
         // SAFETY: integers.
-        unsafe { libc::syscall(libc::SYS_ftruncate, fd, len) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_ftruncate, fd, len) as c_int }
     })
 }
 
@@ -1182,7 +1184,7 @@ extern "C" fn h_truncate(path: *const c_char, len: i64) -> c_int {
     guard(-1, || {
         let raw_call = |p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_truncate, p, len) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_truncate, p, len) as c_int }
         };
         let Some(state) = active() else { return raw_call(path) };
         // SAFETY: libc's contract.
@@ -1261,7 +1263,7 @@ extern "C" fn h_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_in
             return ret_int(kura_fallocate(state, &of, mode, offset, len));
         }
         // SAFETY: integers.
-        unsafe { libc::syscall(libc::SYS_fallocate, fd, mode, offset, len) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fallocate, fd, mode, offset, len) as c_int }
     })
 }
 
@@ -1274,7 +1276,7 @@ extern "C" fn h_posix_fallocate(fd: c_int, offset: i64, len: i64) -> c_int {
             return kura_fallocate(state, &of, 0, offset, len).err().unwrap_or(0);
         }
         // SAFETY: integers.
-        let r = unsafe { libc::syscall(libc::SYS_fallocate, fd, 0, offset, len) };
+        let r = unsafe { crate::raw_syscall!(libc::SYS_fallocate, fd, 0, offset, len) };
         if r < 0 { errno() } else { 0 }
     })
 }
@@ -1287,7 +1289,7 @@ extern "C" fn h_posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -
             return 0;
         }
         // SAFETY: integers.
-        let r = unsafe { libc::syscall(libc::SYS_fadvise64, fd, offset, len, advice) };
+        let r = unsafe { crate::raw_syscall!(libc::SYS_fadvise64, fd, offset, len, advice) };
         if r < 0 { errno() } else { 0 }
     })
 }
@@ -1315,9 +1317,9 @@ fn lock_fd(state: &State, of: &OpenFile) -> Result<c_int, i32> {
 fn open_lock_file(of: &OpenFile, slot: &mut Option<c_int>) -> Result<c_int, i32> {
     let (dir, file) = fds::lock_file_path(of.ino);
     // SAFETY: NUL-terminated path; the result (EEXIST included) is checked by the open below.
-    unsafe { libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
+    unsafe { crate::raw_syscall!(libc::SYS_mkdirat, libc::AT_FDCWD, dir.as_ptr(), 0o1777) };
     // SAFETY: NUL-terminated path, integer flags.
-    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, file.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) };
+    let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, file.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) };
     if fd < 0 {
         return Err(errno());
     }
@@ -1391,7 +1393,7 @@ fn kura_lock(state: &State, of: &OpenFile, cmd: c_int, user: *mut libc::flock) -
         written_back_before_unlock(state);
     }
     // SAFETY: `fl` is a struct flock that lives across the call.
-    let r = unsafe { libc::syscall(libc::SYS_fcntl, lfd, cmd, &mut fl as *mut libc::flock) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_fcntl, lfd, cmd, &mut fl as *mut libc::flock) };
     if r < 0 {
         return Err(errno());
     }
@@ -1457,7 +1459,7 @@ extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
                     written_back_before_unlock(state);
                 }
                 // SAFETY: integers.
-                let r = unsafe { libc::syscall(libc::SYS_flock, lfd, op) };
+                let r = unsafe { crate::raw_syscall!(libc::SYS_flock, lfd, op) };
                 if r < 0 {
                     return Err(errno());
                 }
@@ -1468,7 +1470,7 @@ extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
             }));
         }
         // SAFETY: integers.
-        unsafe { libc::syscall(libc::SYS_flock, fd, op) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_flock, fd, op) as c_int }
     })
 }
 
@@ -1479,7 +1481,7 @@ extern "C" fn h_fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     guard(-1, || {
         let raw_call = || {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_fcntl, fd, cmd, arg) as c_int }
         };
         let Some(state) = active() else { return raw_call() };
         let Some(of) = state.fds.get(fd) else {
@@ -1554,7 +1556,7 @@ extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_in
         }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_mkdirat, d, p, mode) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_mkdirat, d, p, mode) as c_int }
         };
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
@@ -1579,7 +1581,7 @@ extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: li
         }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_mknodat, d, p, mode, dev) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_mknodat, d, p, mode, dev) as c_int }
         };
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
@@ -1607,7 +1609,7 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
         }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_unlinkat, d, p, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_unlinkat, d, p, flags) as c_int }
         };
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| {
             let rmdir = flags & libc::AT_REMOVEDIR != 0;
@@ -1658,7 +1660,7 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
         }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_renameat2, od, o, nd, n, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_renameat2, od, o, nd, n, flags) as c_int }
         };
         let Some(state) = active() else { return raw_call(olddir, old, newdir, new) };
         // SAFETY: libc's contract.
@@ -1742,7 +1744,7 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
         }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_linkat, od, o, nd, n, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_linkat, od, o, nd, n, flags) as c_int }
         };
         let Some(state) = active() else { return raw_call(olddir, old, newdir, new) };
         // SAFETY: libc's contract.
@@ -1795,7 +1797,7 @@ extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_ch
         }
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_symlinkat, target, d, p) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_symlinkat, target, d, p) as c_int }
         };
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| {
             // SAFETY: libc's contract.
@@ -1830,7 +1832,7 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
     guard(-1, || {
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_readlinkat, d, p, buf, size) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_readlinkat, d, p, buf, size) as c_int }
         };
         // SAFETY: libc's contract.
         if unsafe { bytes(path) }.is_some_and(|p| p.starts_with(b"/dev/std")) {
@@ -1898,7 +1900,7 @@ extern "C" fn h_faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags:
     guard(-1, || {
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel (faccessat2 takes flags).
-            unsafe { libc::syscall(libc::SYS_faccessat2, d, p, mode, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_faccessat2, d, p, mode, flags) as c_int }
         };
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_inode(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
             (Resolved::Found { .. }, Some(inode)) => check_access(&inode, mode, flags & libc::AT_EACCESS != 0),
@@ -1960,12 +1962,12 @@ extern "C" fn h_fchmodat(dirfd: c_int, path: *const c_char, mode: c_uint, flags:
         let raw_call = |d: c_int, p: *const c_char| {
             if flags == 0 {
                 // SAFETY: passing the caller's arguments to the kernel.
-                return unsafe { libc::syscall(libc::SYS_fchmodat, d, p, mode) as c_int };
+                return unsafe { crate::raw_syscall!(libc::SYS_fchmodat, d, p, mode) as c_int };
             }
             // fchmodat2 (Linux 6.6) takes the flags glibc otherwise emulates: a symlink with
             // AT_SYMLINK_NOFOLLOW is EOPNOTSUPP, as glibc answers.
             // SAFETY: passing the caller's arguments to the kernel.
-            let r = unsafe { libc::syscall(SYS_FCHMODAT2, d, p, mode, flags) as c_int };
+            let r = unsafe { crate::raw_syscall!(SYS_FCHMODAT2, d, p, mode, flags) as c_int };
             if r < 0 && errno() == libc::ENOSYS {
                 set_errno(libc::EOPNOTSUPP);
             }
@@ -1987,7 +1989,7 @@ extern "C" fn h_fchmod(fd: c_int, mode: c_uint) -> c_int {
             return ret_int(with_fs(state, |fs| set(fs, of.ino, SetAttr { mode: Some(mode), ..SetAttr::default() }).map(|()| 0)));
         }
         // SAFETY: integers.
-        unsafe { libc::syscall(libc::SYS_fchmod, fd, mode) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fchmod, fd, mode) as c_int }
     })
 }
 
@@ -1999,7 +2001,7 @@ extern "C" fn h_fchownat(dirfd: c_int, path: *const c_char, uid: c_uint, gid: c_
     guard(-1, || {
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_fchownat, d, p, uid, gid, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_fchownat, d, p, uid, gid, flags) as c_int }
         };
         attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }))
     })
@@ -2021,7 +2023,7 @@ extern "C" fn h_fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
             return ret_int(with_fs(state, |fs| set(fs, of.ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }).map(|()| 0)));
         }
         // SAFETY: integers.
-        unsafe { libc::syscall(libc::SYS_fchown, fd, uid, gid) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fchown, fd, uid, gid) as c_int }
     })
 }
 
@@ -2044,7 +2046,7 @@ extern "C" fn h_utimensat(dirfd: c_int, path: *const c_char, times: *const libc:
     guard(-1, || {
         let raw_call = |d: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_utimensat, d, p, times, flags) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_utimensat, d, p, times, flags) as c_int }
         };
         attr_op(dirfd, path, flags, raw_call, |fs, ino| set_checked(fs, ino, times_attr(times), times_are_now(times)))
     })
@@ -2103,42 +2105,42 @@ fn xattr_op(path: *const c_char, follow: bool, kura_answer: Result<isize, i32>, 
 
 extern "C" fn h_getxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_getxattr, p, name, value, size) as c_int })
+    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_getxattr, p, name, value, size) as c_int })
 }
 
 extern "C" fn h_lgetxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_lgetxattr, p, name, value, size) as c_int })
+    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_lgetxattr, p, name, value, size) as c_int })
 }
 
 extern "C" fn h_listxattr(path: *const c_char, list: *mut c_char, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Ok(0), |_, p| unsafe { libc::syscall(libc::SYS_listxattr, p, list, size) as c_int })
+    xattr_op(path, true, Ok(0), |_, p| unsafe { crate::raw_syscall!(libc::SYS_listxattr, p, list, size) as c_int })
 }
 
 extern "C" fn h_llistxattr(path: *const c_char, list: *mut c_char, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Ok(0), |_, p| unsafe { libc::syscall(libc::SYS_llistxattr, p, list, size) as c_int })
+    xattr_op(path, false, Ok(0), |_, p| unsafe { crate::raw_syscall!(libc::SYS_llistxattr, p, list, size) as c_int })
 }
 
 extern "C" fn h_setxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Err(libc::EOPNOTSUPP), |_, p| unsafe { libc::syscall(libc::SYS_setxattr, p, name, value, size, flags) as c_int }) as c_int
+    xattr_op(path, true, Err(libc::EOPNOTSUPP), |_, p| unsafe { crate::raw_syscall!(libc::SYS_setxattr, p, name, value, size, flags) as c_int }) as c_int
 }
 
 extern "C" fn h_lsetxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Err(libc::EOPNOTSUPP), |_, p| unsafe { libc::syscall(libc::SYS_lsetxattr, p, name, value, size, flags) as c_int }) as c_int
+    xattr_op(path, false, Err(libc::EOPNOTSUPP), |_, p| unsafe { crate::raw_syscall!(libc::SYS_lsetxattr, p, name, value, size, flags) as c_int }) as c_int
 }
 
 extern "C" fn h_removexattr(path: *const c_char, name: *const c_char) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_removexattr, p, name) as c_int }) as c_int
+    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_removexattr, p, name) as c_int }) as c_int
 }
 
 extern "C" fn h_lremovexattr(path: *const c_char, name: *const c_char) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { libc::syscall(libc::SYS_lremovexattr, p, name) as c_int }) as c_int
+    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_lremovexattr, p, name) as c_int }) as c_int
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2148,7 +2150,7 @@ extern "C" fn h_statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
     guard(-1, || {
         let raw_call = |_: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_statfs, p, buf) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_statfs, p, buf) as c_int }
         };
         path_op(libc::AT_FDCWD, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, true)? {
             Resolved::Found { .. } => {
@@ -2174,7 +2176,7 @@ extern "C" fn h_fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
             }));
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_fstatfs, fd, buf) as c_int }
+        unsafe { crate::raw_syscall!(libc::SYS_fstatfs, fd, buf) as c_int }
     })
 }
 
@@ -2185,7 +2187,7 @@ extern "C" fn h_chdir(path: *const c_char) -> c_int {
     guard(-1, || {
         let raw_call = |_: c_int, p: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
-            unsafe { libc::syscall(libc::SYS_chdir, p) as c_int }
+            unsafe { crate::raw_syscall!(libc::SYS_chdir, p) as c_int }
         };
         let Some(state) = active() else { return raw_call(0, path) };
         // SAFETY: libc's contract.
@@ -2243,7 +2245,7 @@ extern "C" fn h_fchdir(fd: c_int) -> c_int {
             return 0;
         }
         // SAFETY: an integer.
-        let r = unsafe { libc::syscall(libc::SYS_fchdir, fd) as c_int };
+        let r = unsafe { crate::raw_syscall!(libc::SYS_fchdir, fd) as c_int };
         if r == 0
             && let Some(state) = state::get()
         {
@@ -2261,7 +2263,7 @@ extern "C" fn h_getcwd(buf: *mut c_char, size: usize) -> *mut c_char {
             None => {
                 let mut tmp = vec![0u8; CWD_BYTES_MAX];
                 // SAFETY: our buffer of CWD_BYTES_MAX bytes.
-                let n = unsafe { libc::syscall(libc::SYS_getcwd, tmp.as_mut_ptr(), tmp.len()) };
+                let n = unsafe { crate::raw_syscall!(libc::SYS_getcwd, tmp.as_mut_ptr(), tmp.len()) };
                 if n < 0 {
                     return std::ptr::null_mut();
                 }
@@ -2311,7 +2313,7 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
     guard(libc::MAP_FAILED, || {
         let raw_call = |flags: c_int, fd: c_int, offset: i64, prot: c_int| {
             // SAFETY: passing the caller's arguments to the kernel.
-            let p = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, offset) };
+            let p = unsafe { crate::raw_syscall!(libc::SYS_mmap, addr, len, prot, flags, fd, offset) };
             if p == -1 { libc::MAP_FAILED } else { p as *mut c_void }
         };
         let Some(state) = active() else { return raw_call(flags, fd, offset, prot) };
@@ -2361,7 +2363,7 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
             return libc::MAP_FAILED;
         }
         // SAFETY: changing our own mapping's protection to what the caller asked.
-        unsafe { libc::syscall(libc::SYS_mprotect, p, len, prot) };
+        unsafe { crate::raw_syscall!(libc::SYS_mprotect, p, len, prot) };
         p
     })
 }
@@ -2369,7 +2371,7 @@ extern "C" fn h_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, f
 extern "C" fn h_munmap(addr: *mut c_void, len: usize) -> c_int {
     guard(-1, || {
         // SAFETY: passing the caller's arguments to the kernel.
-        let r = unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int };
+        let r = unsafe { crate::raw_syscall!(libc::SYS_munmap, addr, len) as c_int };
         if r == 0
             && let Some(state) = active()
             && state.maps.any()
@@ -2384,7 +2386,7 @@ extern "C" fn h_munmap(addr: *mut c_void, len: usize) -> c_int {
 extern "C" fn h_msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
     guard(-1, || {
         // SAFETY: passing the caller's arguments to the kernel.
-        let r = unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) as c_int };
+        let r = unsafe { crate::raw_syscall!(libc::SYS_msync, addr, len, flags) as c_int };
         if r == 0
             && flags & libc::MS_INVALIDATE == 0
             && let Some(state) = active()
@@ -2481,7 +2483,7 @@ extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, o
             return ret(copy_between(in_fd, in_off, out_fd, out_off, len)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_copy_file_range, in_fd, in_off, out_fd, out_off, len, flags) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_copy_file_range, in_fd, in_off, out_fd, out_off, len, flags) as isize }
     })
 }
 
@@ -2496,7 +2498,7 @@ extern "C" fn h_sendfile(out_fd: c_int, in_fd: c_int, offset: *mut i64, count: u
             return ret(copy_between(in_fd, offset, out_fd, std::ptr::null_mut(), count)) as isize;
         }
         // SAFETY: passing the caller's arguments to the kernel.
-        unsafe { libc::syscall(libc::SYS_sendfile, out_fd, in_fd, offset, count) as isize }
+        unsafe { crate::raw_syscall!(libc::SYS_sendfile, out_fd, in_fd, offset, count) as isize }
     })
 }
 
@@ -2523,7 +2525,7 @@ pub(crate) fn writeback_before_leaving() {
 extern "C" fn h_exit(status: c_int) -> ! {
     let _ = std::panic::catch_unwind(writeback_before_leaving);
     // SAFETY: exit_group ends the process; it does not return.
-    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    unsafe { crate::raw_syscall!(libc::SYS_exit_group, status) };
     unreachable!("exit_group returned")
 }
 
@@ -2663,6 +2665,7 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"sendmsg", crate::sock::h_sendmsg as *const () as usize),
     (c"getsockname", crate::sock::h_getsockname as *const () as usize),
     (c"getpeername", crate::sock::h_getpeername as *const () as usize),
+    (c"syscall", by_number::h_syscall as *const () as usize),
     ];
     // glibc's spawned child shares the parent's memory; ours is a fork (see spawn.rs), made
     // only where glibc's file actions are laid out as spawn.rs reads them.

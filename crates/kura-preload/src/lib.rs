@@ -11,9 +11,10 @@
 //! constructor patches the entry of each relevant libc function in libc's own text with an
 //! absolute jump to its handler here ([`patch`]): `write`, `__write` and `__libc_write` are one
 //! code address, so internal callers are caught too. Handlers pass non-kura descriptors and
-//! paths to the kernel with raw `syscall(2)` — the patched original is never called, so there
-//! are no trampolines and no relocated instructions — and a thread-local guard sends the
-//! library's own I/O (pool sockets, the engine's file) straight through.
+//! paths to the kernel with the `syscall` instruction ([`sys`]) — the patched original is
+//! never called, so there are no trampolines and no relocated instructions — and a
+//! thread-local guard sends the library's own I/O (pool sockets, the engine's file) straight
+//! through. libc's `syscall(3)` is patched too: a call by number reaches the same handlers.
 //!
 //! # Descriptors
 //!
@@ -47,6 +48,7 @@ mod signals;
 mod sock;
 mod spawn;
 mod state;
+mod sys;
 mod text;
 
 pub use state::State;

@@ -90,7 +90,7 @@ fn lock(fd: c_int, byte: i64, kind: c_int) -> Result<(), i32> {
 fn others_map(fd: c_int) -> Result<bool, i32> {
     let mut fl = libc::flock { l_type: libc::F_WRLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: USERS_LOCK_BYTE, l_len: 1, l_pid: 0 };
     // SAFETY: as above.
-    if unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETLK, &mut fl as *mut libc::flock) } != 0 {
+    if unsafe { crate::raw_syscall!(libc::SYS_fcntl, fd, libc::F_GETLK, &mut fl as *mut libc::flock) } != 0 {
         return Err(errno());
     }
     Ok(fl.l_type != libc::F_UNLCK as i16)
@@ -120,7 +120,7 @@ fn file_size(fd: c_int) -> Result<u64, i32> {
     // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is writable and lives across the call.
-    if unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } != 0 {
+    if unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } != 0 {
         return Err(errno());
     }
     Ok(st.st_size as u64)
@@ -138,7 +138,7 @@ fn open_backing(ino: u64) -> Result<(OwnedFd, Turn, bool), i32> {
     let path = backing_path(ino);
     for _ in 0..REOPEN_TRIES_MAX {
         // SAFETY: path is NUL-terminated.
-        let raw = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) };
+        let raw = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) };
         if raw < 0 {
             return Err(errno());
         }
@@ -168,7 +168,7 @@ fn load(fs: &Arc<Fs>, node: &Arc<Node>, fd: c_int, from: u64, to: u64) -> Result
         at += n as u64;
     }
     // SAFETY: integers.
-    if unsafe { libc::syscall(libc::SYS_ftruncate, fd, to as i64) } != 0 {
+    if unsafe { crate::raw_syscall!(libc::SYS_ftruncate, fd, to as i64) } != 0 {
         return Err(errno());
     }
     Ok(())
@@ -177,7 +177,7 @@ fn load(fs: &Arc<Fs>, node: &Arc<Node>, fd: c_int, from: u64, to: u64) -> Result
 fn pwrite_all(fd: c_int, mut data: &[u8], mut at: u64) -> Result<(), i32> {
     while !data.is_empty() {
         // SAFETY: writing our buffer to our file.
-        let n = unsafe { libc::syscall(libc::SYS_pwrite64, fd, data.as_ptr(), data.len(), at as i64) };
+        let n = unsafe { crate::raw_syscall!(libc::SYS_pwrite64, fd, data.as_ptr(), data.len(), at as i64) };
         if n <= 0 {
             return Err(if n < 0 { errno() } else { libc::EIO });
         }
@@ -196,7 +196,7 @@ fn store(fs: &Arc<Fs>, node: &Arc<Node>, fd: c_int) -> Result<(), i32> {
     while at < end {
         let want = ((end - at) as usize).min(buf.len());
         // SAFETY: reading into our buffer.
-        let n = unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), want, at as i64) };
+        let n = unsafe { crate::raw_syscall!(libc::SYS_pread64, fd, buf.as_mut_ptr(), want, at as i64) };
         if n <= 0 {
             return Err(if n < 0 { errno() } else { libc::EIO });
         }
@@ -222,7 +222,7 @@ impl SharedMaps {
                 let (fd, turn, load_all) = open_backing(ino)?;
                 if load_all {
                     // SAFETY: integers.
-                    unsafe { libc::syscall(libc::SYS_ftruncate, fd.as_raw_fd(), 0i64) };
+                    unsafe { crate::raw_syscall!(libc::SYS_ftruncate, fd.as_raw_fd(), 0i64) };
                     load(fs, node, fd.as_raw_fd(), 0, size)?;
                 }
                 lock(fd.as_raw_fd(), USERS_LOCK_BYTE, libc::F_RDLCK)?;
@@ -241,7 +241,7 @@ impl SharedMaps {
         }
         let map_flags = flags & !libc::MAP_SHARED_VALIDATE | libc::MAP_SHARED;
         // SAFETY: the caller's address, length and protection, on our backing file.
-        let p = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, map_flags, fd, offset) };
+        let p = unsafe { crate::raw_syscall!(libc::SYS_mmap, addr, len, prot, map_flags, fd, offset) };
         if p == -1 {
             let e = errno();
             self.release_if_unmapped(fs, &mut inner, ino);
@@ -318,7 +318,7 @@ impl SharedMaps {
                 let path = backing_path(ino);
                 if still_named(fd, &path) {
                     // SAFETY: path is NUL-terminated.
-                    unsafe { libc::syscall(libc::SYS_unlinkat, libc::AT_FDCWD, path.as_ptr(), 0) };
+                    unsafe { crate::raw_syscall!(libc::SYS_unlinkat, libc::AT_FDCWD, path.as_ptr(), 0) };
                 }
             }
             drop(turn);
@@ -353,7 +353,7 @@ impl SharedMaps {
             let fd = backing.fd.as_raw_fd();
             if let Ok(_turn) = Turn::take(fd) {
                 // SAFETY: integers.
-                unsafe { libc::syscall(libc::SYS_ftruncate, fd, size as i64) };
+                unsafe { crate::raw_syscall!(libc::SYS_ftruncate, fd, size as i64) };
             }
         }
     }
@@ -375,7 +375,7 @@ impl SharedMaps {
         let backing = inner.backings.get(&ino)?;
         let fd = backing.fd.as_raw_fd();
         // SAFETY: reading into the caller's buffer, writable for its length.
-        let n = unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), offset as i64) };
+        let n = unsafe { crate::raw_syscall!(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), offset as i64) };
         Some(if n < 0 { Err(errno()) } else { Ok(n as usize) })
     }
 
@@ -395,7 +395,7 @@ impl SharedMaps {
 pub fn wrote_elsewhere(ino: u64, offset: u64, data: &[u8]) -> Result<(), i32> {
     let path = backing_path(ino);
     // SAFETY: path is NUL-terminated; an open of our own that creates nothing.
-    let raw = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let raw = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if raw < 0 {
         return Ok(()); // nobody maps it
     }

@@ -78,7 +78,7 @@ fn rt_sigaction(sig: c_int, act: Option<&KernelSigaction>, old: Option<&mut Kern
     let old_ptr = old.map_or(std::ptr::null_mut(), |o| o as *mut KernelSigaction);
     // SAFETY: both pointers are null or point to KernelSigaction values that live across the
     // call; the size argument is the kernel's sigset size (8 bytes).
-    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, act_ptr, old_ptr, 8usize) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_rt_sigaction, sig, act_ptr, old_ptr, 8usize) };
     if r < 0 { Err(errno()) } else { Ok(()) }
 }
 

@@ -159,7 +159,7 @@ fn is_unix_socket(fd: c_int) -> bool {
     let mut domain: c_int = 0;
     let mut len = size_of::<c_int>() as libc::socklen_t;
     // SAFETY: an int-sized option into our own int.
-    let r = unsafe { libc::syscall(libc::SYS_getsockopt, fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &raw mut domain, &raw mut len) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_getsockopt, fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &raw mut domain, &raw mut len) };
     r == 0 && domain == libc::AF_UNIX
 }
 
@@ -169,7 +169,7 @@ fn is_bound(fd: c_int) -> Result<bool, i32> {
     let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::sockaddr_un>() as libc::socklen_t;
     // SAFETY: our own buffer and its length.
-    let r = unsafe { libc::syscall(libc::SYS_getsockname, fd, &raw mut sun, &raw mut len) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_getsockname, fd, &raw mut sun, &raw mut len) };
     if r < 0 { Err(errno()) } else { Ok(len as usize > size_of::<libc::sa_family_t>()) }
 }
 
@@ -190,12 +190,12 @@ enum Route {
 
 fn raw_bind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int {
     // SAFETY: the address is the caller's or ours, with its length.
-    unsafe { libc::syscall(libc::SYS_bind, fd, addr, len) as c_int }
+    unsafe { crate::raw_syscall!(libc::SYS_bind, fd, addr, len) as c_int }
 }
 
 fn raw_connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int {
     // SAFETY: as above.
-    unsafe { libc::syscall(libc::SYS_connect, fd, addr, len) as c_int }
+    unsafe { crate::raw_syscall!(libc::SYS_connect, fd, addr, len) as c_int }
 }
 
 /// Binds `fd` at kura path `rel` (from directory `start`): a new socket node and its
@@ -313,7 +313,7 @@ pub extern "C" fn h_sendto(fd: c_int, buf: *const c_void, n: usize, flags: c_int
     guard(-1, || {
         let raw_call = |addr: *const libc::sockaddr, len: libc::socklen_t| {
             // SAFETY: the caller's buffer, flags and address (or ours, with its length).
-            unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, addr, len) as isize }
+            unsafe { crate::raw_syscall!(libc::SYS_sendto, fd, buf, n, flags, addr, len) as isize }
         };
         // SAFETY: the caller's address of `len` bytes (sendto's contract).
         match unsafe { peer_route(fd, addr, len) } {
@@ -328,7 +328,7 @@ pub extern "C" fn h_sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -
     guard(-1, || {
         let raw_call = |msg: *const libc::msghdr| {
             // SAFETY: the caller's message (or a copy naming our address instead).
-            unsafe { libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as isize }
+            unsafe { crate::raw_syscall!(libc::SYS_sendmsg, fd, msg, flags) as isize }
         };
         if msg.is_null() || msg as usize >= USER_SPACE_END {
             return raw_call(msg);
@@ -355,7 +355,7 @@ pub extern "C" fn h_sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -
 fn name_call(call: c_long, fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
     let raw_call = || {
         // SAFETY: passing the caller's buffer and length to the kernel.
-        unsafe { libc::syscall(call, fd, addr, len) as c_int }
+        unsafe { crate::raw_syscall!(call, fd, addr, len) as c_int }
     };
     let Some(state) = active() else { return raw_call() };
     if addr.is_null() || len.is_null() || addr as usize >= USER_SPACE_END || len as usize >= USER_SPACE_END {

@@ -211,7 +211,7 @@ fn spawn(
     let search_path: Option<Vec<u8>> = search.then(|| std::env::var_os("PATH").map_or_else(|| b"/bin:/usr/bin".to_vec(), std::os::unix::ffi::OsStringExt::into_vec));
     let mut pipe = [0 as c_int; 2];
     // SAFETY: pipe2 writes two descriptors into the array.
-    if unsafe { libc::syscall(libc::SYS_pipe2, pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    if unsafe { crate::raw_syscall!(libc::SYS_pipe2, pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return crate::hooks::errno();
     }
     // Signals wait until the child has its own dispositions and mask (as glibc's does).
@@ -243,7 +243,7 @@ fn spawn(
     let mut e = [0u8; 4];
     let n = loop {
         // SAFETY: reading into our buffer.
-        let n = unsafe { libc::syscall(libc::SYS_read, pipe[0], e.as_mut_ptr(), e.len()) };
+        let n = unsafe { crate::raw_syscall!(libc::SYS_read, pipe[0], e.as_mut_ptr(), e.len()) };
         if n < 0 && crate::hooks::errno() == libc::EINTR {
             continue;
         }
@@ -270,8 +270,8 @@ fn report_and_exit(pipe: c_int, e: c_int) -> ! {
     // SAFETY: writing our buffer; then exit_group, which does not return (the hooked _exit
     // would write back, and a child that never ran its program has nothing to write).
     unsafe {
-        libc::syscall(libc::SYS_write, pipe, bytes.as_ptr(), bytes.len());
-        libc::syscall(libc::SYS_exit_group, 127);
+        crate::raw_syscall!(libc::SYS_write, pipe, bytes.as_ptr(), bytes.len());
+        crate::raw_syscall!(libc::SYS_exit_group, 127);
     }
     unreachable!("exit_group returned")
 }
@@ -291,7 +291,7 @@ fn child(
 ) -> c_int {
     // Our pipe out of the way of the actions' descriptors.
     // SAFETY: integers.
-    let high = unsafe { libc::syscall(libc::SYS_fcntl, *pipe, libc::F_DUPFD_CLOEXEC, kura_engine::fd::high_base()) } as c_int;
+    let high = unsafe { crate::raw_syscall!(libc::SYS_fcntl, *pipe, libc::F_DUPFD_CLOEXEC, kura_engine::fd::high_base()) } as c_int;
     if high >= 0 {
         raw::close(*pipe);
         *pipe = high;
@@ -416,7 +416,7 @@ fn child(
 /// A descriptor number the actions are about to use, moved elsewhere.
 fn move_pipe(pipe: c_int) -> c_int {
     // SAFETY: integers.
-    let moved = unsafe { libc::syscall(libc::SYS_fcntl, pipe, libc::F_DUPFD_CLOEXEC, pipe + 1) } as c_int;
+    let moved = unsafe { crate::raw_syscall!(libc::SYS_fcntl, pipe, libc::F_DUPFD_CLOEXEC, pipe + 1) } as c_int;
     if moved < 0 {
         return pipe;
     }

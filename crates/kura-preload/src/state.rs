@@ -270,9 +270,23 @@ pub fn init() {
         Ok(()) => {
             state.active.store(true, std::sync::atomic::Ordering::Release);
             crate::signals::install();
+            keep_libuv_off_io_uring();
         }
         Err(why) => crate::hooks::complain(&format!("libkura_fs: cannot patch libc ({why}); kura paths are unavailable")),
     }
+}
+
+/// libuv (Node.js) makes file system calls through an io_uring of its own when
+/// `UV_USE_IO_URING` asks for it (the default in some releases): no hook sees those, and its
+/// open of a kura path said ENOENT. Under the preload, libuv's thread pool calls libc instead
+/// (the variable is set to 0 for the program and its children).
+fn keep_libuv_off_io_uring() {
+    if std::env::var_os("UV_USE_IO_URING").is_some_and(|v| v == "0") {
+        return;
+    }
+    // SAFETY: NUL-terminated strings; the constructor runs before the program's main, so no
+    // thread of the program reads the environment meanwhile.
+    unsafe { libc::setenv(c"UV_USE_IO_URING".as_ptr(), c"0".as_ptr(), 1) };
 }
 
 impl State {

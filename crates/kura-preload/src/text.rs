@@ -28,7 +28,7 @@ fn byte_zero(kind: c_int) -> libc::flock {
 pub fn lock_for_exec(ino: u64) -> Option<c_int> {
     let (_, path) = crate::fds::host_file_path(ino, TEXT_SUFFIX); // makes the directory
     // SAFETY: a NUL-terminated path; flags and mode.
-    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) } as c_int;
+    let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o666) } as c_int;
     if fd < 0 {
         return None;
     }
@@ -37,7 +37,7 @@ pub fn lock_for_exec(ino: u64) -> Option<c_int> {
     let lock = byte_zero(libc::F_RDLCK);
     // SAFETY: our descriptor and a struct flock that lives across each call.
     let locked = unsafe {
-        libc::syscall(libc::SYS_fcntl, fd, libc::F_OFD_SETLK, &lock as *const libc::flock) == 0 && libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, 0) == 0
+        crate::raw_syscall!(libc::SYS_fcntl, fd, libc::F_OFD_SETLK, &lock as *const libc::flock) == 0 && crate::raw_syscall!(libc::SYS_fcntl, fd, libc::F_SETFD, 0) == 0
     };
     if !locked {
         raw::close(fd);
@@ -58,12 +58,12 @@ pub fn hold_at_init() {
     let path = crate::fds::host_file_name(ino, TEXT_SUFFIX);
     // SAFETY: a descriptor number, a NUL-terminated path and writable structs.
     let same = unsafe {
-        libc::syscall(libc::SYS_fstat, fd, &mut held as *mut libc::stat) == 0
-            && libc::syscall(libc::SYS_newfstatat, libc::AT_FDCWD, path.as_ptr(), &mut want as *mut libc::stat, 0) == 0
+        crate::raw_syscall!(libc::SYS_fstat, fd, &mut held as *mut libc::stat) == 0
+            && crate::raw_syscall!(libc::SYS_newfstatat, libc::AT_FDCWD, path.as_ptr(), &mut want as *mut libc::stat, 0) == 0
     } && (held.st_dev, held.st_ino) == (want.st_dev, want.st_ino);
     if same {
         // SAFETY: integers.
-        unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        unsafe { crate::raw_syscall!(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
 
@@ -71,17 +71,17 @@ pub fn hold_at_init() {
 pub fn busy(ino: u64) -> bool {
     let path = crate::fds::host_file_name(ino, TEXT_SUFFIX);
     // SAFETY: a NUL-terminated path (one system call when no program ran from the file).
-    if unsafe { libc::syscall(libc::SYS_faccessat, libc::AT_FDCWD, path.as_ptr(), libc::F_OK) } != 0 {
+    if unsafe { crate::raw_syscall!(libc::SYS_faccessat, libc::AT_FDCWD, path.as_ptr(), libc::F_OK) } != 0 {
         return false;
     }
     // SAFETY: a NUL-terminated path; flags.
-    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) } as c_int;
+    let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) } as c_int;
     if fd < 0 {
         return false;
     }
     let mut probe = byte_zero(libc::F_WRLCK);
     // SAFETY: our descriptor and a struct flock that lives across the call.
-    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_OFD_GETLK, &mut probe as *mut libc::flock) };
+    let r = unsafe { crate::raw_syscall!(libc::SYS_fcntl, fd, libc::F_OFD_GETLK, &mut probe as *mut libc::flock) };
     raw::close(fd);
     r == 0 && c_int::from(probe.l_type) != libc::F_UNLCK
 }
