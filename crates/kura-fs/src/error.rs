@@ -32,6 +32,15 @@ pub enum FsError {
     Busy,
     #[error("operation not supported")]
     NotSupported,
+    /// No such extended attribute (`ENODATA`).
+    #[error("no such attribute")]
+    NoAttr,
+    /// A result does not fit the caller's buffer, or an attribute name is too long (`ERANGE`).
+    #[error("result out of range")]
+    Range,
+    /// An extended attribute value over [`crate::layout::XATTR_VALUE_BYTES_MAX`] (`E2BIG`).
+    #[error("argument list too long")]
+    ArgTooBig,
     /// An open file's inode is gone: another process removed the file's last name (this
     /// process's own unlinked open files stay readable until their last close).
     #[error("stale file handle: another process removed the file")]
@@ -71,6 +80,9 @@ impl FsError {
             FsError::Access => libc::EACCES,
             FsError::Busy => libc::EBUSY,
             FsError::NotSupported => libc::EOPNOTSUPP,
+            FsError::NoAttr => libc::ENODATA,
+            FsError::Range => libc::ERANGE,
+            FsError::ArgTooBig => libc::E2BIG,
             FsError::Stale => libc::ESTALE,
             FsError::NoSpace => libc::ENOSPC,
             FsError::Io(_) | FsError::Corrupt { .. } => libc::EIO,

@@ -20,7 +20,8 @@ use fuser::{
 use crate::cache::{Node, WriteMode};
 use crate::error::FsError;
 use crate::layout::{DirEntry, Inode, file_type};
-use crate::ns::{Owner, RenameFlags, SetAttr, now_ns};
+use crate::ns::{Cred, Owner, RenameFlags, SetAttr, now_ns};
+use crate::xattr::XattrFlags;
 use crate::sync::Mutex;
 use crate::Fs;
 
@@ -366,20 +367,35 @@ impl Filesystem for KuraFuse {
         reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namelen as u32, s.f_frsize as u32);
     }
 
-    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    // The kernel checked the caller (`xattr_permission`, with `default_permissions`) before
+    // these: no credentials are passed, except to hide `trusted.` names from a listing.
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        match XattrFlags::from_bits(flags).and_then(|flags| self.fs.setxattr(ino.0, name.as_bytes(), value, flags, None)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name.as_bytes(), None) {
+            Ok(value) => reply_xattr(reply, size, &value),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let cred = Cred { uid: req.uid(), gid: req.gid(), groups: Vec::new() };
+        match self.fs.listxattr(ino.0, Some(&cred)) {
+            Ok(names) => reply_xattr(reply, size, &names),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.removexattr(ino.0, name.as_bytes(), None) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -432,4 +448,16 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, allow_other: bool) -> std::io::Resu
     }
     config.n_threads = Some(FUSE_THREADS);
     fuser::mount(KuraFuse::new(fs), mountpoint, &config)
+}
+
+/// A `getxattr`/`listxattr` answer: the length when asked with size 0, `ERANGE` when `data`
+/// does not fit `size`.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(data);
+    }
 }

@@ -46,6 +46,14 @@ pub const OPENERS_MAX: usize = 256;
 /// open still waits for their last close, but leaks if the last of them dies first).
 pub const ORPHANS_MAX: usize = 4096;
 
+/// Longest extended attribute name, namespace prefix included (Linux's `XATTR_NAME_MAX`).
+pub const XATTR_NAME_BYTES_MAX: usize = 255;
+/// Largest extended attribute value (Linux's `XATTR_SIZE_MAX`: `E2BIG` past it).
+pub const XATTR_VALUE_BYTES_MAX: usize = 64 << 10;
+/// Names and values of one inode's extended attributes together, at most (`ENOSPC` past it,
+/// as XFS's limit): they live in the inode record, which every lookup and `stat` reads.
+pub const XATTRS_BYTES_MAX: usize = 64 << 10;
+
 const SUPERBLOCK_MAGIC: u32 = 0x6b75_7246; // "Fruk"
 const FORMAT_VERSION: u32 = 1;
 const INODE_MAGIC: u8 = 0xa1;
@@ -252,9 +260,17 @@ pub struct Inode {
     pub target: Vec<u8>,
     /// The processes that have the file open (at most [`OPENERS_MAX`]), so that an unlink
     /// elsewhere leaves its data until their last close. Encoded after the target, only when
-    /// there are any (a record without openers is the first format's).
+    /// there are any or extended attributes follow (a record with neither is the first
+    /// format's).
     pub openers: Vec<Opener>,
+    /// Extended attributes, `(name, value)` in the order they were first set (names with their
+    /// namespace prefix; see [`XATTRS_BYTES_MAX`]). Encoded after the openers, only when there
+    /// are any.
+    pub xattrs: Vec<Xattr>,
 }
+
+/// One extended attribute: `(name, value)`.
+pub type Xattr = (Vec<u8>, Vec<u8>);
 
 impl Inode {
     pub fn new(ino: u64, mode: u32, uid: u32, gid: u32, now_ns: i64) -> Self {
@@ -273,7 +289,14 @@ impl Inode {
             generation: 0,
             target: Vec::new(),
             openers: Vec::new(),
+            xattrs: Vec::new(),
         }
+    }
+
+    /// Bytes of names and values of the extended attributes (counted against
+    /// [`XATTRS_BYTES_MAX`]).
+    pub fn xattr_bytes(&self) -> usize {
+        self.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum()
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -289,10 +312,21 @@ impl Inode {
         }
         out.extend_from_slice(&(self.target.len() as u16).to_le_bytes());
         out.extend_from_slice(&self.target);
-        if !self.openers.is_empty() {
+        if !self.openers.is_empty() || !self.xattrs.is_empty() {
             out.extend_from_slice(&(self.openers.len() as u16).to_le_bytes());
             for opener in &self.openers {
                 opener.encode_into(&mut out);
+            }
+        }
+        if !self.xattrs.is_empty() {
+            assert!(self.xattrs.len() <= usize::from(u16::MAX) && self.xattr_bytes() <= XATTRS_BYTES_MAX, "xattrs bounded where they are set");
+            out.extend_from_slice(&(self.xattrs.len() as u16).to_le_bytes());
+            for (name, value) in &self.xattrs {
+                assert!(!name.is_empty() && name.len() <= XATTR_NAME_BYTES_MAX && value.len() <= XATTR_VALUE_BYTES_MAX, "xattr checked where it is set");
+                out.push(name.len() as u8);
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(name);
+                out.extend_from_slice(value);
             }
         }
         debug_assert_eq!(Inode::decode(b"", &out).as_ref(), Ok(self));
@@ -306,14 +340,18 @@ impl Inode {
         }
         let target_len = u16::from_le_bytes([b[INODE_FIXED_BYTES - 2], b[INODE_FIXED_BYTES - 1]]) as usize;
         let openers_at = INODE_FIXED_BYTES + target_len;
-        let openers = match b.len().checked_sub(openers_at) {
-            Some(0) => Vec::new(),
+        let (openers, xattrs) = match b.len().checked_sub(openers_at) {
+            Some(0) => (Vec::new(), Vec::new()),
             Some(rest) if rest >= 2 => {
                 let count = u16::from_le_bytes([b[openers_at], b[openers_at + 1]]) as usize;
-                if count == 0 || count > OPENERS_MAX || rest != 2 + OPENER_BYTES * count {
+                let xattrs_at = openers_at + 2 + OPENER_BYTES * count;
+                // No openers is written only in front of extended attributes.
+                if count > OPENERS_MAX || xattrs_at > b.len() || (count == 0 && xattrs_at == b.len()) {
                     return Err(corrupt("inode length does not match its openers"));
                 }
-                (0..count).map(|i| Opener::decode(&b[openers_at + 2 + OPENER_BYTES * i..])).collect()
+                let openers = (0..count).map(|i| Opener::decode(&b[openers_at + 2 + OPENER_BYTES * i..])).collect();
+                let xattrs = if xattrs_at == b.len() { Vec::new() } else { decode_xattrs(&b[xattrs_at..]).map_err(corrupt)? };
+                (openers, xattrs)
             }
             _ => return Err(corrupt("inode length does not match its symlink target")),
         };
@@ -334,8 +372,45 @@ impl Inode {
             ino: q(6),
             target: b[INODE_FIXED_BYTES..openers_at].to_vec(),
             openers,
+            xattrs,
         })
     }
+}
+
+/// An inode's extended attributes section: a count (at least one), then each attribute's name
+/// length (u8), value length (u32), name and value; nothing after the last.
+fn decode_xattrs(b: &[u8]) -> std::result::Result<Vec<Xattr>, &'static str> {
+    const TRUNCATED: &str = "inode length does not match its extended attributes";
+    if b.len() < 2 {
+        return Err(TRUNCATED);
+    }
+    let count = u16::from_le_bytes([b[0], b[1]]) as usize;
+    if count == 0 {
+        return Err("an empty extended attributes section");
+    }
+    let mut xattrs = Vec::with_capacity(count.min(b.len() / 6));
+    let mut at = 2;
+    let mut total = 0usize;
+    for _ in 0..count {
+        let header = b.get(at..at + 5).ok_or(TRUNCATED)?;
+        let name_len = usize::from(header[0]);
+        let value_len = u32_at(header, 1) as usize;
+        if name_len == 0 || value_len > XATTR_VALUE_BYTES_MAX {
+            return Err("an extended attribute out of bounds");
+        }
+        total += name_len + value_len;
+        if total > XATTRS_BYTES_MAX {
+            return Err("extended attributes over their bound");
+        }
+        let name = b.get(at + 5..at + 5 + name_len).ok_or(TRUNCATED)?;
+        let value = b.get(at + 5 + name_len..at + 5 + name_len + value_len).ok_or(TRUNCATED)?;
+        xattrs.push((name.to_vec(), value.to_vec()));
+        at += 5 + name_len + value_len;
+    }
+    if at != b.len() {
+        return Err(TRUNCATED);
+    }
+    Ok(xattrs)
 }
 
 /// One directory entry.
@@ -441,6 +516,46 @@ mod tests {
         assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
         for cut in INODE_FIXED_BYTES + inode.target.len() + 1..bytes.len() {
             assert!(Inode::decode(b"k", &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // Extended attributes, with openers and without.
+        inode.xattrs = vec![(b"user.a".to_vec(), b"1".to_vec()), (b"trusted.empty".to_vec(), Vec::new()), (b"user.big".to_vec(), vec![7; 5000])];
+        for openers in [inode.openers.clone(), Vec::new()] {
+            inode.openers = openers;
+            let bytes = inode.encode();
+            assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
+            // Cut just before the attributes, a record is the same inode without them (the
+            // pool returns whole values, checked, so a cut is only ever a bug of ours).
+            let xattrs_at = INODE_FIXED_BYTES + inode.target.len() + 2 + OPENER_BYTES * inode.openers.len();
+            for cut in (INODE_FIXED_BYTES + inode.target.len() + 1..bytes.len()).filter(|&c| c != xattrs_at || inode.openers.is_empty()) {
+                assert!(Inode::decode(b"k", &bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        // An openers count of zero with nothing after it is not a record kura writes.
+        let mut bare = Inode::new(5, libc::S_IFREG | 0o644, 0, 0, 1).encode();
+        bare.extend_from_slice(&0u16.to_le_bytes());
+        assert!(Inode::decode(b"k", &bare).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any inode with openers and extended attributes comes back as it was; any bytes, and
+        /// any encoding with a byte changed, decode to an inode or an error, never a panic.
+        #[test]
+        fn inodes_round_trip_and_garbage_never_panics(
+            openers in proptest::collection::vec((proptest::num::u64::ANY, proptest::num::u32::ANY), 0..4),
+            xattrs in proptest::collection::vec((proptest::collection::vec(1u8..=255, 1..40), proptest::collection::vec(proptest::num::u8::ANY, 0..300)), 0..6),
+            garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..400),
+            flip in (proptest::num::usize::ANY, 1u8..=255),
+        ) {
+            let mut inode = Inode::new(3, libc::S_IFREG | 0o600, 1, 2, 3);
+            inode.openers = openers.iter().map(|&(machine, pid)| Opener { machine, boot: 1, pid, start_ticks: 2, instance: 3 }).collect();
+            inode.xattrs = xattrs;
+            let bytes = inode.encode();
+            proptest::prop_assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
+            let _ = Inode::decode(b"k", &garbage);
+            let mut changed = bytes.clone();
+            let at = flip.0 % changed.len();
+            changed[at] ^= flip.1;
+            let _ = Inode::decode(b"k", &changed);
         }
     }
 

@@ -33,6 +33,7 @@ mod openers;
 pub mod path;
 pub mod shebang;
 pub mod sync;
+pub mod xattr;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -45,6 +46,7 @@ pub use error::{FsError, Result};
 pub use kv::{Cond, Kv, PoolKv};
 pub use layout::{DirEntry, Inode, ROOT_INO};
 pub use ns::{Owner, RenameFlags, SetAttr};
+pub use xattr::XattrFlags;
 
 /// Page cache size when none is given.
 pub const CACHE_BYTES_DEFAULT: u64 = 256 << 20;

@@ -2091,56 +2091,141 @@ extern "C" fn h_utime(path: *const c_char, buf: *const libc::utimbuf) -> c_int {
 }
 
 // ---------------------------------------------------------------------------------------
-// xattrs (none are stored: lists are empty, gets find nothing, sets are unsupported)
+// extended attributes (kept in the inode record: kura_fs::xattr)
 
-fn xattr_op(path: *const c_char, follow: bool, kura_answer: Result<isize, i32>, raw_call: impl Fn(c_int, *const c_char) -> c_int) -> isize {
+/// One extended attribute call, on a kura inode.
+#[derive(Clone, Copy)]
+enum Xattr {
+    Get { name: *const c_char, value: *mut c_void, size: usize },
+    List { list: *mut c_char, size: usize },
+    Set { name: *const c_char, value: *const c_void, size: usize, flags: c_int },
+    Remove { name: *const c_char },
+}
+
+impl Xattr {
+    /// Does it for `ino`: `getxattr(2)`'s and `listxattr(2)`'s length (with size 0, the
+    /// length needed; `ERANGE` when the buffer is too small), 0 for the others.
+    fn on(self, fs: &Fs, ino: u64) -> Result<c_int, i32> {
+        let cred = cred_unless_root();
+        // SAFETY: the caller's NUL-terminated name (libc's contract; null is EFAULT).
+        let name = |n: *const c_char| unsafe { bytes(n) }.ok_or(libc::EFAULT);
+        let copy_out = |data: Vec<u8>, buf: *mut u8, size: usize| -> Result<c_int, i32> {
+            if size == 0 {
+                return Ok(data.len() as c_int);
+            }
+            if data.len() > size {
+                return Err(libc::ERANGE);
+            }
+            // SAFETY: the caller's buffer holds `size` bytes, at least `data.len()`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, data.len()) };
+            Ok(data.len() as c_int)
+        };
+        match self {
+            Xattr::Get { name: n, value, size } => copy_out(fs.getxattr(ino, name(n)?, cred.as_ref()).map_err(fs_errno)?, value.cast(), size),
+            Xattr::List { list, size } => copy_out(fs.listxattr(ino, cred.as_ref()).map_err(fs_errno)?, list.cast(), size),
+            Xattr::Set { name: n, value, size, flags } => {
+                if size > kura_fs::layout::XATTR_VALUE_BYTES_MAX {
+                    return Err(libc::E2BIG);
+                }
+                let value: &[u8] = if size == 0 {
+                    &[]
+                } else {
+                    // SAFETY: the caller's value of `size` bytes.
+                    unsafe { std::slice::from_raw_parts(value.cast(), size) }
+                };
+                let flags = kura_fs::XattrFlags::from_bits(flags).map_err(fs_errno)?;
+                fs.setxattr(ino, name(n)?, value, flags, cred.as_ref()).map_err(fs_errno)?;
+                Ok(0)
+            }
+            Xattr::Remove { name: n } => {
+                fs.removexattr(ino, name(n)?, cred.as_ref()).map_err(fs_errno)?;
+                Ok(0)
+            }
+        }
+    }
+}
+
+/// `getxattr`, `setxattr`, ... of a path (`follow`: of what a final symlink leads to).
+fn xattr_path(path: *const c_char, follow: bool, call: Xattr, raw_call: impl Fn(c_int, *const c_char) -> c_int) -> isize {
     guard(-1, || {
-        path_op(libc::AT_FDCWD, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, follow)? {
-            Resolved::Found { .. } => kura_answer.map(|v| v as c_int),
+        path_op(libc::AT_FDCWD, path, &raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, follow)? {
+            Resolved::Found { entry, .. } => call.on(fs, entry.ino),
             Resolved::Missing { .. } => Err(libc::ENOENT),
-            Resolved::Outside(_) => Err(libc::EOPNOTSUPP),
+            Resolved::Outside(abs) => outside(&abs, &raw_call),
         }) as isize
+    })
+}
+
+/// `fgetxattr`, `fsetxattr`, ... of a descriptor.
+fn xattr_fd(fd: c_int, call: Xattr, raw_call: impl FnOnce() -> isize) -> isize {
+    guard(-1, || {
+        if let Some(state) = active()
+            && let Some(of) = state.fds.get(fd)
+        {
+            return ret_int(with_fs(state, |fs| call.on(fs, of.ino).map_err(|e| if e == libc::ENOENT { libc::ESTALE } else { e }))) as isize;
+        }
+        raw_call()
     })
 }
 
 extern "C" fn h_getxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_getxattr, p, name, value, size) as c_int })
+    xattr_path(path, true, Xattr::Get { name, value, size }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_getxattr, p, name, value, size) as c_int })
 }
 
 extern "C" fn h_lgetxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_lgetxattr, p, name, value, size) as c_int })
+    xattr_path(path, false, Xattr::Get { name, value, size }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_lgetxattr, p, name, value, size) as c_int })
+}
+
+extern "C" fn h_fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: usize) -> isize {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_fd(fd, Xattr::Get { name, value, size }, || unsafe { crate::raw_syscall!(libc::SYS_fgetxattr, fd, name, value, size) as isize })
 }
 
 extern "C" fn h_listxattr(path: *const c_char, list: *mut c_char, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Ok(0), |_, p| unsafe { crate::raw_syscall!(libc::SYS_listxattr, p, list, size) as c_int })
+    xattr_path(path, true, Xattr::List { list, size }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_listxattr, p, list, size) as c_int })
 }
 
 extern "C" fn h_llistxattr(path: *const c_char, list: *mut c_char, size: usize) -> isize {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Ok(0), |_, p| unsafe { crate::raw_syscall!(libc::SYS_llistxattr, p, list, size) as c_int })
+    xattr_path(path, false, Xattr::List { list, size }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_llistxattr, p, list, size) as c_int })
+}
+
+extern "C" fn h_flistxattr(fd: c_int, list: *mut c_char, size: usize) -> isize {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_fd(fd, Xattr::List { list, size }, || unsafe { crate::raw_syscall!(libc::SYS_flistxattr, fd, list, size) as isize })
 }
 
 extern "C" fn h_setxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Err(libc::EOPNOTSUPP), |_, p| unsafe { crate::raw_syscall!(libc::SYS_setxattr, p, name, value, size, flags) as c_int }) as c_int
+    xattr_path(path, true, Xattr::Set { name, value, size, flags }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_setxattr, p, name, value, size, flags) as c_int }) as c_int
 }
 
 extern "C" fn h_lsetxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Err(libc::EOPNOTSUPP), |_, p| unsafe { crate::raw_syscall!(libc::SYS_lsetxattr, p, name, value, size, flags) as c_int }) as c_int
+    xattr_path(path, false, Xattr::Set { name, value, size, flags }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_lsetxattr, p, name, value, size, flags) as c_int }) as c_int
+}
+
+extern "C" fn h_fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_fd(fd, Xattr::Set { name, value, size, flags }, || unsafe { crate::raw_syscall!(libc::SYS_fsetxattr, fd, name, value, size, flags) as isize }) as c_int
 }
 
 extern "C" fn h_removexattr(path: *const c_char, name: *const c_char) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, true, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_removexattr, p, name) as c_int }) as c_int
+    xattr_path(path, true, Xattr::Remove { name }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_removexattr, p, name) as c_int }) as c_int
 }
 
 extern "C" fn h_lremovexattr(path: *const c_char, name: *const c_char) -> c_int {
     // SAFETY: passing the caller's arguments to the kernel.
-    xattr_op(path, false, Err(libc::ENODATA), |_, p| unsafe { crate::raw_syscall!(libc::SYS_lremovexattr, p, name) as c_int }) as c_int
+    xattr_path(path, false, Xattr::Remove { name }, |_, p| unsafe { crate::raw_syscall!(libc::SYS_lremovexattr, p, name) as c_int }) as c_int
+}
+
+extern "C" fn h_fremovexattr(fd: c_int, name: *const c_char) -> c_int {
+    // SAFETY: passing the caller's arguments to the kernel.
+    xattr_fd(fd, Xattr::Remove { name }, || unsafe { crate::raw_syscall!(libc::SYS_fremovexattr, fd, name) as isize }) as c_int
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2631,6 +2716,10 @@ pub fn hooks() -> Vec<(&'static std::ffi::CStr, usize)> {
     (c"lsetxattr", h_lsetxattr as *const () as usize),
     (c"removexattr", h_removexattr as *const () as usize),
     (c"lremovexattr", h_lremovexattr as *const () as usize),
+    (c"fgetxattr", h_fgetxattr as *const () as usize),
+    (c"flistxattr", h_flistxattr as *const () as usize),
+    (c"fsetxattr", h_fsetxattr as *const () as usize),
+    (c"fremovexattr", h_fremovexattr as *const () as usize),
     (c"statfs64", h_statfs as *const () as usize),
     (c"fstatfs64", h_fstatfs as *const () as usize),
     (c"flock", h_flock as *const () as usize),
