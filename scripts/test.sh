@@ -45,6 +45,7 @@ packages=(
   sqlite3             # a real database under the LD_PRELOAD file system
   python3             # os/shutil/pathlib programs under the preload
   nodejs              # Node.js (libuv) programs under the preload
+  rsync               # copies trees into and out of the preload's mount
   libclang-dev        # bindgen for libublk-sys (the ublk frontend) at build time
   gcc                 # compiles the C test program of the preload (stdio, POSIX calls)
 )

@@ -130,7 +130,7 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
     if dirfd == libc::AT_FDCWD {
         let cwd = state.cwd.read().clone();
         let Some(cwd) = cwd else {
-            return Ok(Target::Kernel);
+            return Ok(into_mount_from_host(state, dirfd, path, trailing).unwrap_or(Target::Kernel));
         };
         let mut abs = cwd;
         abs.push(b'/');
@@ -145,7 +145,7 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
         });
     }
     let Some(dir) = state.fds.get(dirfd) else {
-        return Ok(Target::Kernel);
+        return Ok(into_mount_from_host(state, dirfd, path, trailing).unwrap_or(Target::Kernel));
     };
     if !dir.is_dir {
         return Err(libc::ENOTDIR);
@@ -154,6 +154,41 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
     abs.push(b'/');
     abs.extend_from_slice(path);
     Ok(Target::Kura { start: dir.ino, rel: path.to_vec(), abs: normalise(&abs) })
+}
+
+/// A relative path from a host directory (the working directory, or a directory descriptor
+/// of the kernel's) that leads into the mount: `kura/f` from `/`, `../kura/f` from `/tmp`
+/// (rsync walks its destination from `/` with `openat`). Only a path that could — one with a
+/// `..`, or whose first component is one of the mount prefix's — costs a look at where the
+/// directory is (`getcwd` or `/proc/self/fd/N`); any other stays the kernel's, untouched.
+fn into_mount_from_host(state: &State, dirfd: i32, path: &[u8], trailing: bool) -> Option<Target> {
+    let first = path.split(|&b| b == b'/').next().unwrap_or(b"");
+    let may_reach = path.split(|&b| b == b'/').any(|c| c == b"..") || state.mount.split(|&b| b == b'/').any(|c| !c.is_empty() && c == first);
+    if !may_reach {
+        return None;
+    }
+    let mut base = host_dir_path(dirfd)?;
+    base.push(b'/');
+    base.extend_from_slice(path);
+    kura_abs(state, base, trailing)
+}
+
+/// Where a directory of the kernel's is: the working directory for `AT_FDCWD`, else the
+/// descriptor's (`None` when the kernel cannot tell, as for a directory removed since).
+fn host_dir_path(dirfd: i32) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    let len = if dirfd == libc::AT_FDCWD {
+        // SAFETY: `buf` is writable for its length; the kernel writes the path and its NUL.
+        let n = unsafe { crate::raw_syscall!(libc::SYS_getcwd, buf.as_mut_ptr(), buf.len()) };
+        usize::try_from(n).ok()?.checked_sub(1)?
+    } else {
+        let link = c_path(format!("/proc/self/fd/{dirfd}").as_bytes());
+        // SAFETY: `link` is NUL-terminated; `buf` is writable for its length.
+        let n = unsafe { crate::raw_syscall!(libc::SYS_readlinkat, libc::AT_FDCWD, link.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+        usize::try_from(n).ok()?
+    };
+    buf.truncate(len);
+    (buf.first() == Some(&b'/')).then_some(buf)
 }
 
 /// A NUL-terminated copy.

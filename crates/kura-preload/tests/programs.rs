@@ -567,6 +567,56 @@ fn extended_attributes_as_on_the_kernel() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), want, "through FUSE (left) and on the kernel (right)");
 }
 
+/// Relative paths from a host directory into the mount: from the working directory (`cd /;
+/// cat kura/f`, `../kura/f` from `/tmp`) and from a kernel directory descriptor (`openat` of
+/// `kura/f` from `/`, as rsync walks its destination). They went to the kernel: ENOENT.
+#[test]
+fn relative_paths_from_host_directories_into_the_mount() {
+    let env = Env::new();
+    let out = env.sh(
+        r#"echo hi > /kura/rel; cd /; cat kura/rel; ls -d kura/../kura; cd /tmp; cat ../kura/rel; cd ../kura && pwd
+        python3 -c "import os; d = os.open('/', os.O_RDONLY | os.O_DIRECTORY | os.O_PATH); print(os.stat('kura/rel', dir_fd=d).st_size, os.path.exists('/tmp/../kura/rel'))""#,
+    );
+    assert_eq!(out, "hi
+kura/../kura
+hi
+/kura
+3 True
+");
+}
+
+/// rsync copies a tree into the mount and back (`-aHX`: hard links, modes, times, symlinks,
+/// extended attributes), an incremental run with `--delete` changes only what changed, and a
+/// checksum run afterwards finds nothing to do; the tree that comes back is the one that went
+/// in. (rsync's receiver opens its destination from `/` with `openat`: "change_dir#1
+/// failed: No such file or directory" before.)
+#[test]
+fn rsync_copies_a_tree_in_and_out() {
+    if !have("rsync") {
+        return;
+    }
+    let env = Env::new();
+    let src = env.dir.path().join("src");
+    make_tree(&src);
+    std::fs::write(src.join("x1"), b"an attribute holder").unwrap();
+    let script = format!(
+        r#"set -e; S={src}; B={back}
+        python3 -c "import os; os.setxattr('$S/x1', 'user.k', b'v')"; ln "$S/x1" "$S/x1.hard"; touch -d 2021-01-01 "$S/x1"
+        rsync -aHX "$S/" /kura/rs/
+        echo changed >> "$S/x1"; rm "$S/x1.hard"
+        rsync -aHX --delete --itemize-changes "$S/" /kura/rs/ | sort
+        rsync -aHX /kura/rs/ "$B/"
+        rsync -aHXn --checksum --itemize-changes "$S/" /kura/rs/ | wc -l
+        diff -r "$S" "$B" && echo same
+        python3 -c "import os; print(os.getxattr('$B/x1', 'user.k'), os.stat('$B/x1').st_nlink)""#,
+        src = src.display(),
+        back = env.dir.path().join("back").display()
+    );
+    let out = env.sh(&script);
+    assert!(out.starts_with("*deleting   x1.hard\n"), "{out}");
+    assert!(out.ends_with("\n0\nsame\nb'v' 1\n"), "{out}");
+}
+
 /// `dlopen` of a library in the mount, without FUSE (the loader's own system calls never reach
 /// the hooks): built there by gcc with a dependency beside it (`$ORIGIN` in its run path, as
 /// numpy's extensions and their `numpy.libs`), loaded by an absolute and a relative path,
