@@ -16,7 +16,8 @@
 //! coalesced: while one is in flight, the requests that need another wait and share the next.
 //! `DISCARD` and `WRITE_ZEROES` delete whole blocks, so space comes back and the blocks read as
 //! zeros again; the partial blocks at their ends are zeroed by read-modify-write
-//! (`WRITE_ZEROES`) or left alone (`DISCARD` is advisory).
+//! (`WRITE_ZEROES`) or left alone (`DISCARD` is advisory). A whole block written with zeros is
+//! deleted as well, rather than stored.
 
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::RawFd;
@@ -426,7 +427,10 @@ impl<B: ReadBuf> BlockQueue<B> {
                 Cmd::Read => ctx.submit_get(&key, tok),
                 Cmd::Write => {
                     let data = borrowed.or(req.data.as_deref()).expect("a write's data");
-                    ctx.submit_set(&key, &data[seg.in_buf()], tok)
+                    let block = &data[seg.in_buf()];
+                    // A block of zeros is deleted, not stored: it reads as zeros either way
+                    // (thin provisioning), and a guest zeroing its disk frees the pool.
+                    if is_zeros(block) { ctx.submit_delete(&key, tok) } else { ctx.submit_set(&key, block, tok) }
                 }
                 Cmd::Zeroes { no_hole: true } => ctx.submit_set(&key, &ZERO_BLOCK, tok),
                 Cmd::Discard | Cmd::Zeroes { no_hole: false } => ctx.submit_delete(&key, tok),
@@ -746,6 +750,12 @@ impl<B> Drop for BlockQueue<B> {
             }
         }
     }
+}
+
+/// Whether `data` is all zero bytes (eight at a time).
+fn is_zeros(data: &[u8]) -> bool {
+    let (words, rest) = data.split_at(data.len() / 8 * 8);
+    words.chunks_exact(8).all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0) && rest.iter().all(|&b| b == 0)
 }
 
 #[cfg(test)]

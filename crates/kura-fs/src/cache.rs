@@ -1208,6 +1208,10 @@ impl Fs {
         let chunk = self.chunk as u64;
         loop {
             let mut items = Vec::new();
+            // Chunks of zeros: deleted rather than stored (a missing chunk reads as zeros), so
+            // a file written full of zeros (a raw disk image, a preallocated log) takes no
+            // room in the pool.
+            let mut holes = Vec::new();
             let mut indexes: Vec<u64> = Vec::new();
             // Pages are copied a few at a time, the node's lock dropped in between, so writers
             // to the file wait for one short copy, never for a whole batch. Each page's length
@@ -1229,7 +1233,12 @@ impl Fs {
                     indexes.push(index);
                     taken += 1;
                     if len > 0 {
-                        items.push((self.keys.chunk(node.ino, index), page.data[..len].to_vec()));
+                        let data = &page.data[..len];
+                        if is_zeros(data) {
+                            holes.push(self.keys.chunk(node.ino, index));
+                        } else {
+                            items.push((self.keys.chunk(node.ino, index), data.to_vec()));
+                        }
                     }
                 }
                 inner.dirty -= taken;
@@ -1244,7 +1253,8 @@ impl Fs {
                 }
                 break (size, mtime, meta);
             };
-            let written = self.kv.set_many(&items);
+            let stored = if items.is_empty() { Ok(()) } else { self.kv.set_many(&items) };
+            let written = stored.and_then(|()| if holes.is_empty() { Ok(()) } else { self.kv.delete_many(&holes) });
             {
                 let mut inner = node.inner.lock();
                 for &index in &indexes {
@@ -1533,6 +1543,12 @@ fn writeback_worker(fs: Weak<Fs>, pid: u32) {
     }
 }
 
+/// Whether `data` is all zero bytes (eight at a time).
+fn is_zeros(data: &[u8]) -> bool {
+    let (words, rest) = data.split_at(data.len() / 8 * 8);
+    words.chunks_exact(8).all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0) && rest.iter().all(|&b| b == 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1587,6 +1603,38 @@ mod tests {
             let mut buf = [1u8; 10];
             assert_eq!(read(&fs, &node, 4, &mut buf).unwrap(), 10);
             assert_eq!(&buf, b"efgh\0\0\0\0\0\0");
+        }
+        fs.release(&node).unwrap();
+    }
+
+    /// Chunks written back full of zeros are deleted, not stored (a missing chunk reads as
+    /// zeros): zeros over data remove the data's chunk, a partly zero chunk is kept, and every
+    /// byte reads back, through the cache and straight from the pool.
+    #[test]
+    fn chunks_of_zeros_take_no_room_in_the_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = crate::ns::Owner { uid: 0, gid: 0 };
+        let fs = embedded_fs(dir.path());
+        let (inode, _) = fs.create(crate::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", owner, true).unwrap();
+        let node = fs.open_node(&inode).unwrap();
+        let chunk = fs.chunk;
+        fs.write(&node, 0, &vec![7u8; 4 * chunk], WriteMode::Buffered).unwrap();
+        fs.writeback(&node).unwrap();
+        let stored = |i: u64| fs.kv().get_many(&[fs.keys.chunk(inode.ino, i)]).unwrap()[0].is_some();
+        assert!((0..4).all(stored));
+        fs.write(&node, 0, &vec![0u8; chunk], WriteMode::Buffered).unwrap();
+        fs.write(&node, 2 * chunk as u64, &vec![0u8; chunk - 1], WriteMode::Buffered).unwrap();
+        fs.write(&node, 4 * chunk as u64, &vec![0u8; 3 * chunk], WriteMode::Buffered).unwrap();
+        fs.writeback(&node).unwrap();
+        assert_eq!((0..7).map(stored).collect::<Vec<_>>(), [false, true, true, true, false, false, false]);
+        let mut want = vec![7u8; 4 * chunk];
+        want[..chunk].fill(0);
+        want[2 * chunk..3 * chunk - 1].fill(0);
+        want.extend(vec![0u8; 3 * chunk]);
+        for read in [Fs::read_direct, Fs::read] {
+            let mut buf = vec![1u8; want.len()];
+            assert_eq!(read(&fs, &node, 0, &mut buf).unwrap(), want.len());
+            assert!(buf == want, "a read after zeros were written back");
         }
         fs.release(&node).unwrap();
     }
