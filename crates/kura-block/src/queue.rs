@@ -430,7 +430,7 @@ impl<B: ReadBuf> BlockQueue<B> {
                     let block = &data[seg.in_buf()];
                     // A block of zeros is deleted, not stored: it reads as zeros either way
                     // (thin provisioning), and a guest zeroing its disk frees the pool.
-                    if is_zeros(block) { ctx.submit_delete(&key, tok) } else { ctx.submit_set(&key, block, tok) }
+                    if kura_pool::is_zeros(block) { ctx.submit_delete(&key, tok) } else { ctx.submit_set(&key, block, tok) }
                 }
                 Cmd::Zeroes { no_hole: true } => ctx.submit_set(&key, &ZERO_BLOCK, tok),
                 Cmd::Discard | Cmd::Zeroes { no_hole: false } => ctx.submit_delete(&key, tok),
@@ -750,12 +750,6 @@ impl<B> Drop for BlockQueue<B> {
             }
         }
     }
-}
-
-/// Whether `data` is all zero bytes (eight at a time).
-fn is_zeros(data: &[u8]) -> bool {
-    let (words, rest) = data.split_at(data.len() / 8 * 8);
-    words.chunks_exact(8).all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0) && rest.iter().all(|&b| b == 0)
 }
 
 #[cfg(test)]

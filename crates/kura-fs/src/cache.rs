@@ -1234,7 +1234,7 @@ impl Fs {
                     taken += 1;
                     if len > 0 {
                         let data = &page.data[..len];
-                        if is_zeros(data) {
+                        if kura_pool::is_zeros(data) {
                             holes.push(self.keys.chunk(node.ino, index));
                         } else {
                             items.push((self.keys.chunk(node.ino, index), data.to_vec()));
@@ -1541,12 +1541,6 @@ fn writeback_worker(fs: Weak<Fs>, pid: u32) {
         }
         strong.cache.room.notify_all();
     }
-}
-
-/// Whether `data` is all zero bytes (eight at a time).
-fn is_zeros(data: &[u8]) -> bool {
-    let (words, rest) = data.split_at(data.len() / 8 * 8);
-    words.chunks_exact(8).all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0) && rest.iter().all(|&b| b == 0)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Keys: limits, and the canonical key of a 4 KiB block of a volume.
+//! Keys: limits, and the canonical key of a 4 KiB block of a volume; and the one kind of value
+//! the layers above store as absent (zeros).
 
 use crate::error::{Error, Result};
 
@@ -23,6 +24,14 @@ pub fn block_key(volume: u64, lba: u64) -> [u8; BLOCK_KEY_BYTES] {
         key[18 + i] = HEX[((lba >> (60 - 4 * i)) & 0xf) as usize];
     }
     key
+}
+
+/// Whether `value` is all zero bytes (compared eight at a time). The block volumes and the file
+/// system read a missing block or chunk as zeros, so they delete one written with zeros
+/// instead of storing it.
+pub fn is_zeros(value: &[u8]) -> bool {
+    let (words, rest) = value.split_at(value.len() / 8 * 8);
+    words.chunks_exact(8).all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0) && rest.iter().all(|&b| b == 0)
 }
 
 /// Checks the limits every backend shares.
@@ -52,6 +61,18 @@ mod tests {
         assert!(is_text_safe(&k));
         assert_ne!(block_key(1, 2), block_key(2, 1));
         assert_eq!(&block_key(u64::MAX, u64::MAX)[..], b"vffffffffffffffff.ffffffffffffffff");
+    }
+
+    #[test]
+    fn zeros_are_told_apart_at_every_length_and_offset() {
+        for len in [0, 1, 7, 8, 9, 4095, 4096] {
+            assert!(is_zeros(&vec![0u8; len]));
+            for at in [0, len / 2, len.saturating_sub(1)].into_iter().filter(|&at| at < len) {
+                let mut v = vec![0u8; len];
+                v[at] = 1;
+                assert!(!is_zeros(&v), "a one at {at} of {len}");
+            }
+        }
     }
 
     #[test]

@@ -55,6 +55,6 @@ mod stats;
 pub use cluster::slot as cluster_slot;
 pub use config::{Backend, FlushMode, NodeSpec, PoolConfig, parse_size};
 pub use error::{Error, Result};
-pub use key::{BLOCK_KEY_BYTES, KEY_SIZE_BYTES_MAX, block_key};
+pub use key::{BLOCK_KEY_BYTES, KEY_SIZE_BYTES_MAX, block_key, is_zeros};
 pub use pool::{Completion, Context, Outcome, Pool, Waker};
 pub use stats::IoStats;
