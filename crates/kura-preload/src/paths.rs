@@ -162,8 +162,9 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
 /// `..`, or whose first component is one of the mount prefix's — costs a look at where the
 /// directory is (`getcwd` or `/proc/self/fd/N`); any other stays the kernel's, untouched.
 fn into_mount_from_host(state: &State, dirfd: i32, path: &[u8], trailing: bool) -> Option<Target> {
-    let first = path.split(|&b| b == b'/').next().unwrap_or(b"");
-    let may_reach = path.split(|&b| b == b'/').any(|c| c == b"..") || state.mount.split(|&b| b == b'/').any(|c| !c.is_empty() && c == first);
+    let mut components = path.split(|&b| b == b'/');
+    let first = components.next().unwrap_or(b"");
+    let may_reach = first == b".." || state.mount.split(|&b| b == b'/').any(|c| !c.is_empty() && c == first) || components.any(|c| c == b"..");
     if !may_reach {
         return None;
     }
@@ -182,10 +183,7 @@ fn host_dir_path(dirfd: i32) -> Option<Vec<u8>> {
         let n = unsafe { crate::raw_syscall!(libc::SYS_getcwd, buf.as_mut_ptr(), buf.len()) };
         usize::try_from(n).ok()?.checked_sub(1)?
     } else {
-        let link = c_path(format!("/proc/self/fd/{dirfd}").as_bytes());
-        // SAFETY: `link` is NUL-terminated; `buf` is writable for its length.
-        let n = unsafe { crate::raw_syscall!(libc::SYS_readlinkat, libc::AT_FDCWD, link.as_ptr(), buf.as_mut_ptr(), buf.len()) };
-        usize::try_from(n).ok()?
+        crate::hooks::raw::readlink(format!("/proc/self/fd/{dirfd}\0").as_bytes(), &mut buf).ok()?
     };
     buf.truncate(len);
     (buf.first() == Some(&b'/')).then_some(buf)
