@@ -8,14 +8,15 @@ pub const ELF_BYTES_MAX: usize = 1 << 30;
 /// Dynamic entries read at most.
 const DYNAMIC_ENTRIES_MAX: usize = 4096;
 
-const PT_LOAD: u32 = 1;
-const PT_DYNAMIC: u32 = 2;
-const DT_NULL: i64 = 0;
-const DT_NEEDED: i64 = 1;
-const DT_STRTAB: i64 = 5;
-const DT_STRSZ: i64 = 10;
-const DT_RPATH: i64 = 15;
-const DT_RUNPATH: i64 = 29;
+// Dynamic section tags (the preload also reads libc's loaded tables with them).
+pub const DT_NULL: i64 = 0;
+pub const DT_NEEDED: i64 = 1;
+pub const DT_STRTAB: i64 = 5;
+pub const DT_SYMTAB: i64 = 6;
+pub const DT_STRSZ: i64 = 10;
+pub const DT_RPATH: i64 = 15;
+pub const DT_RUNPATH: i64 = 29;
+pub const DT_GNU_HASH: i64 = 0x6fff_fef5;
 
 /// A library's needs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -58,8 +59,8 @@ pub fn dynamic_needs(elf: &[u8]) -> Option<DynamicNeeds> {
         let vaddr = u64_at(elf, ph + 16)?;
         let filesz = u64_at(elf, ph + 32)?;
         match kind {
-            PT_LOAD => loads.push((vaddr, offset, filesz)),
-            PT_DYNAMIC => dynamic = Some((usize::try_from(offset).ok()?, usize::try_from(filesz).ok()?)),
+            libc::PT_LOAD => loads.push((vaddr, offset, filesz)),
+            libc::PT_DYNAMIC => dynamic = Some((usize::try_from(offset).ok()?, usize::try_from(filesz).ok()?)),
             _ => {}
         }
     }

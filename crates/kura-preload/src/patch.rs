@@ -6,6 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_void};
 
+use kura_fs::elf::{DT_GNU_HASH, DT_NULL, DT_SYMTAB};
+
 use crate::hooks::hooks;
 
 /// `jmp *0(%rip)` followed by the 8-byte target: clobbers no register.
@@ -15,9 +17,6 @@ const PAGE_BYTES: usize = 4096;
 const RTLD_DL_SYMENT: i32 = 1;
 /// `dladdr1`'s request for the object's link map.
 const RTLD_DL_LINKMAP: i32 = 2;
-const DT_NULL: i64 = 0;
-const DT_SYMTAB: i64 = 6;
-const DT_GNU_HASH: i64 = 0x6fff_fef5;
 /// Symbols of one object read into [`SymbolSizes`], at most (libc has ~3,000).
 const SYMBOLS_MAX: usize = 1 << 16;
 
@@ -33,16 +32,6 @@ struct LinkMap {
 struct Elf64Dyn {
     d_tag: i64,
     d_val: u64,
-}
-
-#[repr(C)]
-struct Elf64Sym {
-    st_name: u32,
-    st_info: u8,
-    st_other: u8,
-    st_shndx: u16,
-    st_value: u64,
-    st_size: u64,
 }
 
 unsafe extern "C" {
@@ -102,7 +91,7 @@ impl SymbolSizes {
                 }
                 count = i + 1;
             }
-            let syms = symtab as *const Elf64Sym;
+            let syms = symtab as *const libc::Elf64_Sym;
             for i in 0..count.min(SYMBOLS_MAX) {
                 let sym = &*syms.add(i);
                 let addr = map.l_addr + sym.st_value as usize;
@@ -130,7 +119,7 @@ fn symbol_size(addr: *const c_void) -> Option<u64> {
         if dladdr1(addr, &mut info, &mut sym, RTLD_DL_SYMENT) == 0 || sym.is_null() {
             return None;
         }
-        Some((*(sym as *const Elf64Sym)).st_size)
+        Some((*(sym as *const libc::Elf64_Sym)).st_size)
     }
 }
 
@@ -191,8 +180,11 @@ pub fn install() -> Result<(), String> {
     let mut skipped = Vec::new();
     for (name, addr, handler) in found {
         let addr = addr as *const c_void;
-        if debug && sizes.0.get(&(addr as usize)).copied() != symbol_size(addr) {
-            crate::hooks::complain(&format!("libkura_fs: {} has size {:?} in one pass over the symbols, {:?} from dladdr1", name.to_string_lossy(), sizes.0.get(&(addr as usize)), symbol_size(addr)));
+        if debug {
+            let (one_pass, asked) = (sizes.0.get(&(addr as usize)).copied(), symbol_size(addr));
+            if one_pass != asked {
+                crate::hooks::complain(&format!("libkura_fs: {} has size {one_pass:?} in one pass over the symbols, {asked:?} from dladdr1", name.to_string_lossy()));
+            }
         }
         match sizes.size(addr) {
             Some(size) if size as usize >= JUMP_BYTES => targets.push((addr as usize, handler)),
