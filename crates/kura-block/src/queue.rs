@@ -128,9 +128,33 @@ pub struct Done<B> {
     pub buf: Option<B>,
 }
 
+/// What [`BlockQueue::submit_block_status`] finds of a block, one byte per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BlockState {
+    /// Stored, with data.
+    Data = 0,
+    /// Stored, all zeros (written before zero blocks were deleted, or with `no_hole`).
+    Zeros = 1,
+    /// Not in the pool: reads as zeros and takes no room.
+    Absent = 2,
+}
+
+impl BlockState {
+    pub fn from_byte(b: u8) -> Self {
+        match b {
+            0 => Self::Data,
+            1 => Self::Zeros,
+            _ => Self::Absent,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cmd {
     Read,
+    /// Which blocks are stored (a get per block; the value is only looked at).
+    Status,
     Write,
     Flush,
     Discard,
@@ -320,6 +344,16 @@ impl<B: ReadBuf> BlockQueue<B> {
         Ok(())
     }
 
+    /// Finds which blocks of the range are stored: `buf`'s byte `i` becomes the
+    /// [`BlockState`] of the range's block `i` (from the block holding `offset_bytes`).
+    pub fn submit_block_status(&mut self, tag: u64, volume: &Arc<Volume>, offset_bytes: u64, len_bytes: u64, mut buf: B) -> Result<()> {
+        let req = self.new_req(tag, Cmd::Status, false, volume, offset_bytes, len_bytes, None);
+        assert!(buf.bytes_mut().len() as u64 >= req.split.count(), "status buffer smaller than the blocks");
+        let slot = self.admit(Req { buf: Some(buf), ..req })?;
+        self.start(slot);
+        Ok(())
+    }
+
     /// Writes `data` at `offset_bytes`; `fua`: durable before it completes. `data` is only
     /// borrowed for the call: what cannot be submitted at once is copied.
     pub fn submit_write(&mut self, tag: u64, volume: &Arc<Volume>, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
@@ -412,7 +446,7 @@ impl<B: ReadBuf> BlockQueue<B> {
             req.next += 1;
             let key = block_key(volume_id, seg.lba);
             let tok = token(slot, KIND_SEGMENT, index);
-            let changes = req.cmd != Cmd::Read;
+            let changes = !matches!(req.cmd, Cmd::Read | Cmd::Status);
             if changes && !seg.is_full() {
                 continue; // read-modify-write (or nothing, for a discard)
             }
@@ -424,7 +458,7 @@ impl<B: ReadBuf> BlockQueue<B> {
                 break;
             }
             let submitted = match req.cmd {
-                Cmd::Read => ctx.submit_get(&key, tok),
+                Cmd::Read | Cmd::Status => ctx.submit_get(&key, tok),
                 Cmd::Write => {
                     let data = borrowed.or(req.data.as_deref()).expect("a write's data");
                     let block = &data[seg.in_buf()];
@@ -652,10 +686,18 @@ impl<B: ReadBuf> State<B> {
                             _ => buf[seg.in_buf()].fill(0),
                         }
                     }
+                    Ok(outcome) if req.cmd == Cmd::Status => {
+                        let state = match outcome {
+                            Outcome::Value(v) if kura_pool::is_zeros(v) => BlockState::Zeros,
+                            Outcome::Value(_) => BlockState::Data,
+                            _ => BlockState::Absent,
+                        };
+                        req.buf.as_mut().expect("a status buffer").bytes_mut()[index as usize] = state as u8;
+                    }
                     Ok(_) => {}
                     Err(e) => req.fail(BlockError::from_pool(e)),
                 }
-                if req.cmd != Cmd::Read {
+                if !matches!(req.cmd, Cmd::Read | Cmd::Status) {
                     let lba = req.split.segment(index).lba;
                     let was_locked = req.locked.remove(&lba);
                     debug_assert!(was_locked, "block {lba} written without its lock");

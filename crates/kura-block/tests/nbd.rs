@@ -156,6 +156,162 @@ fn trim_and_write_zeroes_delete_blocks() {
     assert!(present(&mut ctx, 768), "block 768 was zeroed only partly (read-modify-write)");
 }
 
+/// Which extents hold data, as `nbdinfo --map` sees them (libnbd's block status over
+/// `base:allocation`): (offset, length, flags).
+fn allocation_map(uri: &str) -> Vec<(u64, u64, u64)> {
+    let out = run("nbdinfo", &["--map", "--json", uri]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    json.as_array().unwrap_or_else(|| panic!("{out}")).iter().map(|e| (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap(), e["type"].as_u64().unwrap())).collect()
+}
+
+/// Block status (`base:allocation`) through real clients, on every backend: `nbdinfo --map`
+/// and `qemu-img map` report exactly the blocks written as data and the rest (never written,
+/// trimmed, zeroed, written with zeros) as holes that read as zeros; `nbdcopy` with the
+/// extents skips the holes and copies the same bytes as without them.
+#[test]
+fn block_status_reports_data_and_holes_to_real_clients() {
+    try_or_skip!(require_cmd("qemu-io"));
+    try_or_skip!(require_cmd("nbdinfo"));
+    try_or_skip!(require_cmd("nbdcopy"));
+    const HOLE: u64 = (proto::STATE_HOLE | proto::STATE_ZERO) as u64;
+    for backend in Backend::all() {
+        let name = backend.name();
+        backend.create_volume("m", "64M");
+        let nbd = NbdProcess::start(&backend.url(), &[]);
+        let uri = nbd.uri("m");
+        assert_eq!(allocation_map(&uri), vec![(0, 64 << 20, HOLE)], "{name}: a new volume is one hole");
+        run(
+            "qemu-io",
+            &["-f", "raw", &uri, "-c", "write -P 0x11 0 1M", "-c", "write -P 0x22 8M 4096", "-c", "write -P 0 16M 64k", "-c", "write -P 0x44 17M 64k", "-c", "write -z -u 17M 32k", "-c", "write -P 0x33 20M 512", "-c", "discard 512k 256k"],
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let expected = vec![
+            (0, 512 << 10, 0),
+            (512 << 10, 256 << 10, HOLE),
+            (768 << 10, 256 << 10, 0),
+            (1 << 20, 7 << 20, HOLE),
+            (8 << 20, 4096, 0),
+            ((8 << 20) + 4096, (9 << 20) - 4096 + (32 << 10), HOLE),
+            ((17 << 20) + (32 << 10), 32 << 10, 0),
+            ((17 << 20) + (64 << 10), (3 << 20) - (64 << 10), HOLE),
+            (20 << 20, 4096, 0),
+            ((20 << 20) + 4096, (44 << 20) - 4096, HOLE),
+        ];
+        assert_eq!(allocation_map(&uri), expected, "{name}");
+        let map = run("qemu-img", &["map", "--output=json", "-f", "raw", &uri]).unwrap();
+        let map: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|e| panic!("{e}: {map}"));
+        let qemu: Vec<(u64, u64, u64)> = map.as_array().unwrap().iter().map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap(), if e["data"] == true { 0 } else { HOLE })).collect();
+        assert_eq!(qemu, expected, "{name}: qemu-img map");
+        let dir = tempfile::tempdir().unwrap();
+        let (sparse, full) = (dir.path().join("sparse.img"), dir.path().join("full.img"));
+        run("nbdcopy", &[&uri, sparse.to_str().unwrap()]).unwrap();
+        run("nbdcopy", &["--no-extents", &uri, full.to_str().unwrap()]).unwrap();
+        let (a, b) = (std::fs::read(&sparse).unwrap(), std::fs::read(&full).unwrap());
+        assert!(a == b, "{name}: the copy that skipped holes differs from the full one");
+        assert_eq!(&a[(8 << 20)..(8 << 20) + 4096], &[0x22; 4096][..], "{name}");
+        use std::os::unix::fs::MetadataExt;
+        let allocated = std::fs::metadata(&sparse).unwrap().blocks() * 512;
+        assert!(allocated < 4 << 20, "{name}: the copy of 1.2 MiB of data over 64 MiB allocates {allocated} bytes");
+        eprintln!("block status on {name}: {} extents as expected", expected.len());
+    }
+}
+
+/// The structured replies and block status at the byte level: what is negotiated when, the
+/// chunks of reads, block statuses and errors, `REQ_ONE`, `DF`, and the cap on one reply.
+#[test]
+fn structured_replies_and_block_status_follow_the_protocol() {
+    let backend = Backend::embedded();
+    backend.create_volume("v", "64M");
+    backend.create_volume("w", "1M");
+    let nbd = NbdProcess::start(&backend.url(), &[]);
+    let be32 = |b: &[u8]| u32::from_be_bytes(b[..4].try_into().unwrap());
+    const HOLE: u32 = proto::STATE_HOLE | proto::STATE_ZERO;
+
+    // Negotiation: metadata contexts need structured replies first; LIST and SET.
+    let mut c = RawClient::connect(&nbd.addr);
+    c.send_option(proto::OPT_LIST_META_CONTEXT, &RawClient::meta_data("v", &[]));
+    assert_eq!(c.option_replies(proto::OPT_LIST_META_CONTEXT)[0].0, proto::REP_ERR_INVALID);
+    c.structured_replies();
+    let context = |id: u32| {
+        let mut d = id.to_be_bytes().to_vec();
+        d.extend_from_slice(proto::CONTEXT_BASE_ALLOCATION.as_bytes());
+        (proto::REP_META_CONTEXT, d)
+    };
+    for queries in [&[][..], &["base:"], &["base:allocation", "qemu:dirty-bitmap:b"]] {
+        c.send_option(proto::OPT_LIST_META_CONTEXT, &RawClient::meta_data("v", queries));
+        assert_eq!(c.option_replies(proto::OPT_LIST_META_CONTEXT), vec![context(0), (proto::REP_ACK, vec![])], "list {queries:?}");
+    }
+    for queries in [&[][..], &["base:"], &["qemu:allocation"]] {
+        c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", queries));
+        assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT), vec![(proto::REP_ACK, vec![])], "set {queries:?} selects nothing");
+    }
+    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("nope", &["base:allocation"]));
+    assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT)[0].0, proto::REP_ERR_UNKNOWN, "unknown export");
+    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"])[..9]);
+    assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT)[0].0, proto::REP_ERR_INVALID, "malformed");
+    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"]));
+    assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT), vec![context(proto::CONTEXT_ID_BASE_ALLOCATION), (proto::REP_ACK, vec![])]);
+    let export = c.go_export("v", true);
+    assert_ne!(export.transmission_flags & proto::FLAG_SEND_DF, 0, "DF with structured replies");
+
+    // Data at 4 KiB..12 KiB and at 1 MiB.
+    c.request(proto::CMD_WRITE, 0, 1, 4096, 8192, &pattern(1, 8192));
+    c.request(proto::CMD_WRITE, proto::CMD_FLAG_FUA, 2, 1 << 20, 4096, &pattern(2, 4096));
+    let mut handles = [c.reply(0), c.reply(0)].map(|(e, h, _)| (e, h));
+    handles.sort();
+    assert_eq!(handles, [(0, 1), (0, 2)], "writes get simple replies");
+
+    // A read: one OFFSET_DATA chunk, done, at the request's offset; with DF too.
+    for flags in [0, proto::CMD_FLAG_DF] {
+        c.request(proto::CMD_READ, flags, 3, 4096 + 512, 1024, &[]);
+        let (f, t, h, p) = c.chunk();
+        assert_eq!((f, t, h), (proto::REPLY_FLAG_DONE, proto::REPLY_TYPE_OFFSET_DATA, 3));
+        assert_eq!(u64::from_be_bytes(p[..8].try_into().unwrap()), 4096 + 512);
+        assert_eq!(&p[8..], &pattern(1, 8192)[512..1536]);
+    }
+    // Errors are error chunks: a read past the end, an unaligned request.
+    for (kind, offset, len, error) in [(proto::CMD_READ, 64 << 20, 512, proto::EINVAL), (proto::CMD_BLOCK_STATUS, 100, 512, proto::EINVAL), (proto::CMD_BLOCK_STATUS, 64 << 20, 512, proto::EINVAL)] {
+        c.request(kind, 0, 4, offset, len, &[]);
+        let (f, t, h, p) = c.chunk();
+        assert_eq!((f, t, h), (proto::REPLY_FLAG_DONE, proto::REPLY_TYPE_ERROR, 4), "{kind} at {offset}");
+        assert_eq!((be32(&p), p.len()), (error, 6), "{kind} at {offset}");
+    }
+
+    // Block status: one chunk for the one context, extents of the range only.
+    let status = |c: &mut RawClient, flags: u16, offset: u64, len: u32| {
+        c.request(proto::CMD_BLOCK_STATUS, flags, 5, offset, len, &[]);
+        let (f, t, h, p) = c.chunk();
+        assert_eq!((f, t, h), (proto::REPLY_FLAG_DONE, proto::REPLY_TYPE_BLOCK_STATUS, 5));
+        assert_eq!(be32(&p), proto::CONTEXT_ID_BASE_ALLOCATION);
+        p[4..].chunks_exact(8).map(|d| (be32(d), be32(&d[4..]))).collect::<Vec<_>>()
+    };
+    assert_eq!(status(&mut c, 0, 0, 2 << 20), vec![(4096, HOLE), (8192, 0), ((1 << 20) - 12288, HOLE), (4096, 0), ((1 << 20) - 4096, HOLE)]);
+    assert_eq!(status(&mut c, 0, 6144, 4096), vec![(4096, 0)], "inside the data");
+    assert_eq!(status(&mut c, 0, 3584, 1024), vec![(512, HOLE), (512, 0)], "sectors of two blocks");
+    assert_eq!(status(&mut c, proto::CMD_FLAG_REQ_ONE, 0, 2 << 20), vec![(4096, HOLE)], "REQ_ONE");
+    assert_eq!(status(&mut c, proto::CMD_FLAG_REQ_ONE, 4096, 2 << 20), vec![(8192, 0)], "REQ_ONE");
+    let capped = status(&mut c, 0, 2 << 20, 62 << 20);
+    assert_eq!(capped, vec![(kura_block::nbd::BLOCK_STATUS_BYTES_MAX, HOLE)], "one reply covers at most BLOCK_STATUS_BYTES_MAX");
+
+    // A client that negotiated structured replies but no context may not ask for status.
+    let mut d = RawClient::connect(&nbd.addr);
+    d.structured_replies();
+    d.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"]));
+    assert_eq!(d.option_replies(proto::OPT_SET_META_CONTEXT).len(), 2);
+    d.go_export("w", true); // the context was selected for another export
+    d.request(proto::CMD_BLOCK_STATUS, 0, 6, 0, 4096, &[]);
+    let (_, t, h, p) = d.chunk();
+    assert_eq!((t, h, be32(&p)), (proto::REPLY_TYPE_ERROR, 6, proto::EINVAL));
+    // Without structured replies: no DF, simple replies, status refused.
+    let mut e = RawClient::connect(&nbd.addr);
+    let export = e.go_export("v", true);
+    assert_eq!(export.transmission_flags & proto::FLAG_SEND_DF, 0);
+    e.request(proto::CMD_READ, 0, 7, 4096, 512, &[]);
+    assert_eq!(e.reply(512), (0, 7, pattern(1, 512)));
+    e.expect_error(proto::CMD_BLOCK_STATUS, 0, 0, 4096, &[], proto::EINVAL, "status without structured replies");
+    e.expect_error(proto::CMD_READ, proto::CMD_FLAG_DF, 0, 4096, &[], proto::EINVAL, "DF without structured replies");
+}
+
 /// create, list, resize (shrink deletes, grow reads zeros), delete — through the CLI.
 #[test]
 fn volume_lifecycle() {
@@ -218,8 +374,10 @@ fn bad_input_gets_protocol_errors_and_others_keep_being_served() {
     let mut c = RawClient::connect(&addr);
     c.send_option(0x4242, b"whatever");
     assert_eq!(c.option_replies(0x4242)[0].0, proto::REP_ERR_UNSUP, "unknown option");
-    c.send_option(proto::OPT_STRUCTURED_REPLY, &[]);
-    assert_eq!(c.option_replies(proto::OPT_STRUCTURED_REPLY)[0].0, proto::REP_ERR_UNSUP);
+    c.send_option(proto::OPT_STRUCTURED_REPLY, &[1]);
+    assert_eq!(c.option_replies(proto::OPT_STRUCTURED_REPLY)[0].0, proto::REP_ERR_INVALID, "STRUCTURED_REPLY with data");
+    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"]));
+    assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT)[0].0, proto::REP_ERR_INVALID, "metadata contexts before structured replies");
     c.send_option(proto::OPT_STARTTLS, &[]);
     assert_eq!(c.option_replies(proto::OPT_STARTTLS)[0].0, proto::REP_ERR_POLICY);
     c.send_option(proto::OPT_GO, &[0, 0, 0, 9, b'v']);

@@ -21,6 +21,10 @@
 //! servers to refuse (Linux's client sends them up to 4 GiB whatever the server advertises),
 //! so none is sent.
 //!
+//! After each seed, a connection that negotiated structured replies and `base:allocation`
+//! walks the volume with `NBD_CMD_BLOCK_STATUS`: the extents tile it, and every one said to
+//! read as zeros does so in the model.
+//!
 //! A failure names the server, the seed, the command's index, the command and what was
 //! expected; `KURA_NBD_MODEL_SEED=<seed>` replays one seed.
 
@@ -55,7 +59,6 @@ const INVALID_PERCENT: u64 = 8;
 
 // Protocol values kura does not advertise (and so does not define in `proto`).
 const CMD_CACHE: u16 = 5;
-const CMD_BLOCK_STATUS: u16 = 7;
 const CMD_FLAG_DF: u16 = 1 << 2;
 const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 const FLAG_SEND_CACHE: u16 = 1 << 10;
@@ -264,10 +267,14 @@ struct Pending {
 struct Session<'a> {
     server: &'a str,
     conns: Vec<(RawClient, Export)>,
+    /// A connection with structured replies and `base:allocation`, for block status.
+    status: RawClient,
     model: Model,
     seed: u64,
     index: u64,
     handle: u64,
+    /// The id the server gave `base:allocation`.
+    context_id: u32,
     /// Error numbers of invalid requests: case → (expected, errors seen).
     errors: BTreeMap<&'static str, (Expect, BTreeSet<u32>)>,
     /// Whether an invalid request with another error than the protocol's fails the test
@@ -285,7 +292,14 @@ impl<'a> Session<'a> {
                 (c, export)
             })
             .collect();
-        Self { server, conns, model: Model::zeroed(VOLUME_SIZE_BYTES, trim), seed: 0, index: 0, handle: 0, errors: BTreeMap::new(), strict_errors }
+        let mut status = RawClient::connect(addr);
+        status.structured_replies();
+        status.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data(export_name, &[proto::CONTEXT_BASE_ALLOCATION]));
+        let replies = status.option_replies(proto::OPT_SET_META_CONTEXT);
+        assert!(replies.len() == 2 && replies[0].0 == proto::REP_META_CONTEXT, "{server}: base:allocation selected: {replies:?}");
+        let context_id = u32::from_be_bytes(replies[0].1[..4].try_into().unwrap());
+        status.go_export(export_name, true);
+        Self { server, conns, status, context_id, model: Model::zeroed(VOLUME_SIZE_BYTES, trim), seed: 0, index: 0, handle: 0, errors: BTreeMap::new(), strict_errors }
     }
 
     fn at(&self, index: u64, conn: usize) -> At<'a> {
@@ -301,6 +315,50 @@ impl<'a> Session<'a> {
             self.round(&mut rng);
         }
         self.verify_all(rng.below(CONNECTIONS as u64) as usize);
+        self.verify_allocation();
+    }
+
+    /// Walks the volume with block status requests (each from where the last reply ended):
+    /// the extents are consecutive and nonempty, and what they say reads as zeros does.
+    fn verify_allocation(&mut self) {
+        let be32 = |b: &[u8]| u32::from_be_bytes(b[..4].try_into().unwrap());
+        let mut offset = 0;
+        let mut requests = 0;
+        while offset < VOLUME_SIZE_BYTES {
+            let len = (VOLUME_SIZE_BYTES - offset) as u32;
+            self.status.request(proto::CMD_BLOCK_STATUS, 0, 1, offset, len, &[]);
+            requests += 1;
+            let mut extents = Vec::new();
+            loop {
+                let (flags, kind, handle, payload) = self.status.chunk();
+                assert_eq!(handle, 1, "{}: seed {}: block status reply handle", self.server, self.seed);
+                match kind {
+                    proto::REPLY_TYPE_BLOCK_STATUS => {
+                        assert_eq!(be32(&payload), self.context_id, "{}: seed {}: context id", self.server, self.seed);
+                        extents.extend(payload[4..].chunks_exact(8).map(|d| (be32(d), be32(&d[4..]))));
+                    }
+                    proto::REPLY_TYPE_NONE => {}
+                    other => panic!("{}: seed {}: block status at {offset}: chunk type {other:#x} ({payload:02x?})", self.server, self.seed),
+                }
+                if flags & proto::REPLY_FLAG_DONE != 0 {
+                    break;
+                }
+            }
+            assert!(!extents.is_empty(), "{}: seed {}: block status at {offset} described nothing", self.server, self.seed);
+            let total: u64 = extents.iter().map(|&(l, _)| u64::from(l)).sum();
+            assert!(total <= u64::from(len), "{}: seed {}: block status at {offset} described {total} bytes of {len}", self.server, self.seed);
+            for (l, flags) in extents {
+                assert!(l > 0, "{}: seed {}: an empty extent at {offset}", self.server, self.seed);
+                if flags & proto::STATE_ZERO != 0 {
+                    let zeros = vec![0u8; l as usize];
+                    if let Some(diff) = self.model.check_read(offset, &zeros) {
+                        panic!("{}: seed {}: block status says {l} bytes at {offset} read as zeros (flags {flags}), but {diff}", self.server, self.seed);
+                    }
+                }
+                offset += u64::from(l);
+            }
+            assert!(requests < 1 << 16, "{}: seed {}: block status does not get through the volume", self.server, self.seed);
+        }
     }
 
     /// Zeroes the whole volume (so every seed starts the same) and reads it back.
@@ -517,7 +575,7 @@ fn invalid_op(rng: &mut Rng, export: &Export) -> (Op, usize) {
             }
             7 if u64::from(max) < size => bad("read over the maximum block size", proto::CMD_READ, 0, 0, u64::from(max) + align, einval),
             8 if u64::from(max) < size => bad("write over the maximum block size", proto::CMD_WRITE, 0, 0, u64::from(max) + align, einval),
-            9 => bad("unknown command", rng.pick(&[CMD_BLOCK_STATUS, 8, 9, 42, 0x1234, 0xffff]), 0, 0, align, einval),
+            9 => bad("unknown command", rng.pick(&[proto::CMD_BLOCK_STATUS, 8, 9, 42, 0x1234, 0xffff]), 0, 0, align, einval),
             10 => {
                 let kind = rng.pick(&[proto::CMD_READ, proto::CMD_WRITE, proto::CMD_TRIM, proto::CMD_WRITE_ZEROES, proto::CMD_FLUSH]);
                 let (offset, len) = if kind == proto::CMD_FLUSH { (0, 0) } else { (0, len) };

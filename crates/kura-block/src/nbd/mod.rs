@@ -3,4 +3,4 @@
 pub mod proto;
 pub mod server;
 
-pub use server::{NbdConfig, NbdServer, NbdStats, PORT_DEFAULT};
+pub use server::{BLOCK_STATUS_BYTES_MAX, NbdConfig, NbdServer, NbdStats, PORT_DEFAULT};

@@ -3,10 +3,13 @@
 //! parsing. Integers are big-endian on the wire.
 //!
 //! Supported: fixed newstyle handshake (`NO_ZEROES`), options `EXPORT_NAME`, `ABORT`, `LIST`,
-//! `INFO`, `GO` (with `NBD_INFO_EXPORT`, `NAME`, `DESCRIPTION`, `BLOCK_SIZE`); everything else
-//! is answered `NBD_REP_ERR_UNSUP` (`STARTTLS`: this server has no TLS, `NBD_REP_ERR_POLICY`).
-//! Transmission uses simple replies; commands `READ WRITE DISC FLUSH TRIM WRITE_ZEROES`, flags
-//! `FUA` and `NO_HOLE`.
+//! `INFO`, `GO` (with `NBD_INFO_EXPORT`, `NAME`, `DESCRIPTION`, `BLOCK_SIZE`),
+//! `STRUCTURED_REPLY`, `LIST_META_CONTEXT` and `SET_META_CONTEXT` (one context,
+//! `base:allocation`); everything else is answered `NBD_REP_ERR_UNSUP` (`STARTTLS`: this
+//! server has no TLS, `NBD_REP_ERR_POLICY`). Transmission: commands `READ WRITE DISC FLUSH
+//! TRIM WRITE_ZEROES BLOCK_STATUS`, flags `FUA`, `NO_HOLE`, `DF` and `REQ_ONE`. Simple
+//! replies, or, once structured replies are negotiated, structured ones for reads (one
+//! `OFFSET_DATA` chunk, so `DF` always holds), block status and errors.
 
 /// `NBDMAGIC`.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -15,6 +18,7 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
 pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 // Handshake flags (server) and client flags.
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -30,6 +34,8 @@ pub const FLAG_SEND_FUA: u16 = 1 << 3;
 pub const FLAG_ROTATIONAL: u16 = 1 << 4;
 pub const FLAG_SEND_TRIM: u16 = 1 << 5;
 pub const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// Reads honour `NBD_CMD_FLAG_DF`; only with structured replies.
+pub const FLAG_SEND_DF: u16 = 1 << 7;
 pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
 // Options.
@@ -40,11 +46,14 @@ pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 // Option reply types.
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
@@ -66,8 +75,29 @@ pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// "Don't fragment": a read's data in one chunk.
+pub const CMD_FLAG_DF: u16 = 1 << 2;
+/// A block status request wants one extent only.
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+
+// Structured replies: the flag of a request's last chunk, and chunk types.
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const REPLY_TYPE_NONE: u16 = 0;
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+
+/// The one metadata context: which extents are allocated in the pool.
+pub const CONTEXT_BASE_ALLOCATION: &str = "base:allocation";
+/// The id this server gives `base:allocation` in `NBD_OPT_SET_META_CONTEXT`.
+pub const CONTEXT_ID_BASE_ALLOCATION: u32 = 1;
+/// `base:allocation` flags: not allocated; reads as zeros.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
 
 // Error values of replies.
 pub const EPERM: u32 = 1;
@@ -83,6 +113,13 @@ pub const GREETING_BYTES: usize = 18;
 pub const OPTION_HEADER_BYTES: usize = 16;
 pub const REQUEST_HEADER_BYTES: usize = 28;
 pub const SIMPLE_REPLY_BYTES: usize = 16;
+pub const STRUCTURED_REPLY_BYTES: usize = 20;
+/// A structured read reply's bytes before the data: chunk header and offset.
+pub const OFFSET_DATA_HEADER_BYTES: usize = STRUCTURED_REPLY_BYTES + 8;
+/// Bytes of one `NBD_REPLY_TYPE_BLOCK_STATUS` descriptor (length, flags).
+pub const EXTENT_BYTES: usize = 8;
+/// Queries one `NBD_OPT_{LIST,SET}_META_CONTEXT` may carry.
+pub const META_QUERIES_MAX: usize = 128;
 /// The reserved zeros after an `EXPORT_NAME` reply without `NO_ZEROES`.
 pub const EXPORT_NAME_ZEROES: usize = 124;
 /// Longest string (export name, description) the protocol allows.
@@ -166,6 +203,9 @@ pub enum ClientOption<'a> {
     StartTls,
     Info(InfoRequest<'a>),
     Go(InfoRequest<'a>),
+    StructuredReply,
+    ListMetaContext(MetaRequest<'a>),
+    SetMetaContext(MetaRequest<'a>),
     /// Known or not, this server does not do it.
     Unsupported(u32),
 }
@@ -178,6 +218,9 @@ pub fn parse_option(option: u32, data: &[u8]) -> Result<ClientOption<'_>, Option
         OPT_ABORT => no_data(ClientOption::Abort),
         OPT_LIST => no_data(ClientOption::List),
         OPT_STARTTLS => no_data(ClientOption::StartTls),
+        OPT_STRUCTURED_REPLY => no_data(ClientOption::StructuredReply),
+        OPT_LIST_META_CONTEXT => parse_meta_request(data).map(ClientOption::ListMetaContext),
+        OPT_SET_META_CONTEXT => parse_meta_request(data).map(ClientOption::SetMetaContext),
         OPT_INFO | OPT_GO => {
             let request = parse_info_request(data)?;
             Ok(if option == OPT_GO { ClientOption::Go(request) } else { ClientOption::Info(request) })
@@ -201,6 +244,79 @@ fn parse_info_request(data: &[u8]) -> Result<InfoRequest<'_>, OptionInvalid> {
         return Err(OptionInvalid("information item count does not match the option length"));
     }
     Ok(InfoRequest { name, items })
+}
+
+/// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` data: an export name and queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaRequest<'a> {
+    pub name: &'a [u8],
+    /// `count` queries, each a big-endian u32 length and the string (checked at parse).
+    queries: &'a [u8],
+    count: usize,
+}
+
+impl<'a> MetaRequest<'a> {
+    pub fn queries(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let mut rest = self.queries;
+        (0..self.count).map(move |_| {
+            let len = be32(rest) as usize;
+            let query = &rest[4..4 + len];
+            rest = &rest[4 + len..];
+            query
+        })
+    }
+
+    /// Whether the request selects (`listing`: lists) `base:allocation`. Listing with no
+    /// query lists every context, and the query `base:` every context of that namespace;
+    /// setting selects only by the context's whole name.
+    pub fn selects_base_allocation(&self, listing: bool) -> bool {
+        if listing && self.count == 0 {
+            return true;
+        }
+        self.queries().any(|q| q == CONTEXT_BASE_ALLOCATION.as_bytes() || (listing && q == b"base:"))
+    }
+}
+
+fn parse_meta_request(data: &[u8]) -> Result<MetaRequest<'_>, OptionInvalid> {
+    if data.len() < 8 {
+        return Err(OptionInvalid("shorter than name length and query count"));
+    }
+    let name_len = be32(data) as usize;
+    if name_len > data.len() - 8 {
+        return Err(OptionInvalid("export name longer than the option"));
+    }
+    let name = &data[4..4 + name_len];
+    let count = be32(&data[4 + name_len..]) as usize;
+    if count > META_QUERIES_MAX {
+        return Err(OptionInvalid("too many metadata context queries"));
+    }
+    let queries = &data[8 + name_len..];
+    let mut rest = queries;
+    for _ in 0..count {
+        if rest.len() < 4 {
+            return Err(OptionInvalid("query count larger than the queries sent"));
+        }
+        let len = be32(rest) as usize;
+        if len > rest.len() - 4 || len > STRING_BYTES_MAX {
+            return Err(OptionInvalid("query longer than the option"));
+        }
+        if std::str::from_utf8(&rest[4..4 + len]).is_err() {
+            return Err(OptionInvalid("query is not UTF-8"));
+        }
+        rest = &rest[4 + len..];
+    }
+    if !rest.is_empty() {
+        return Err(OptionInvalid("bytes after the last query"));
+    }
+    Ok(MetaRequest { name, queries, count })
+}
+
+/// `NBD_REP_META_CONTEXT` payload: the context's id and name.
+pub fn meta_context_entry(out: &mut Vec<u8>, option: u32, id: u32, name: &str) {
+    let mut payload = Vec::with_capacity(4 + name.len());
+    payload.extend_from_slice(&id.to_be_bytes());
+    payload.extend_from_slice(name.as_bytes());
+    option_reply(out, option, REP_META_CONTEXT, &payload);
 }
 
 /// Appends an option reply: header and `payload`.
@@ -307,6 +423,83 @@ pub fn simple_reply(error: u32, handle: u64) -> [u8; SIMPLE_REPLY_BYTES] {
     b
 }
 
+/// A structured reply chunk's header; `payload_bytes` follow it.
+pub fn structured_reply(flags: u16, reply_type: u16, handle: u64, payload_bytes: u32) -> [u8; STRUCTURED_REPLY_BYTES] {
+    let mut b = [0u8; STRUCTURED_REPLY_BYTES];
+    b[..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&flags.to_be_bytes());
+    b[6..8].copy_from_slice(&reply_type.to_be_bytes());
+    b[8..16].copy_from_slice(&handle.to_be_bytes());
+    b[16..].copy_from_slice(&payload_bytes.to_be_bytes());
+    b
+}
+
+/// The header of a read's only chunk (`NBD_REPLY_TYPE_OFFSET_DATA`, done): `data_bytes` of
+/// data read at `offset` follow it.
+pub fn offset_data_reply(handle: u64, offset: u64, data_bytes: u32) -> [u8; OFFSET_DATA_HEADER_BYTES] {
+    let mut b = [0u8; OFFSET_DATA_HEADER_BYTES];
+    b[..STRUCTURED_REPLY_BYTES].copy_from_slice(&structured_reply(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, handle, 8 + data_bytes));
+    b[STRUCTURED_REPLY_BYTES..].copy_from_slice(&offset.to_be_bytes());
+    b
+}
+
+/// A request's final `NBD_REPLY_TYPE_ERROR` chunk, with no message.
+pub fn error_reply(handle: u64, error: u32) -> [u8; STRUCTURED_REPLY_BYTES + 6] {
+    let mut b = [0u8; STRUCTURED_REPLY_BYTES + 6];
+    b[..STRUCTURED_REPLY_BYTES].copy_from_slice(&structured_reply(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, handle, 6));
+    b[STRUCTURED_REPLY_BYTES..STRUCTURED_REPLY_BYTES + 4].copy_from_slice(&error.to_be_bytes());
+    b
+}
+
+/// The header of a block status request's only chunk (`NBD_REPLY_TYPE_BLOCK_STATUS`, done):
+/// chunk header and context id; `extents` descriptors of [`EXTENT_BYTES`] follow it.
+pub fn block_status_reply(handle: u64, context_id: u32, extents: usize) -> [u8; STRUCTURED_REPLY_BYTES + 4] {
+    let mut b = [0u8; STRUCTURED_REPLY_BYTES + 4];
+    let payload = 4 + EXTENT_BYTES * extents;
+    b[..STRUCTURED_REPLY_BYTES].copy_from_slice(&structured_reply(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, handle, payload as u32));
+    b[STRUCTURED_REPLY_BYTES..].copy_from_slice(&context_id.to_be_bytes());
+    b
+}
+
+/// `base:allocation` descriptors of `[offset, offset + len)` from one status per block of
+/// `block_bytes` (the blocks the range touches, from the one holding `offset`): runs of equal
+/// status become one extent, appended to `out` as (length, flags) big-endian pairs. With
+/// `req_one`, only the first extent. Returns how many extents it appended.
+pub fn allocation_extents(out: &mut Vec<u8>, offset: u64, len: u32, block_bytes: u64, block_flags: &[u32], req_one: bool) -> usize {
+    let end = offset + u64::from(len);
+    let first_block = offset / block_bytes;
+    let mut extents = 0;
+    let mut run: Option<(u64, u32)> = None; // (start, flags)
+    let push = |start: u64, stop: u64, flags: u32, out: &mut Vec<u8>| {
+        out.extend_from_slice(&((stop - start) as u32).to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+    };
+    for (i, &flags) in block_flags.iter().enumerate() {
+        let block_start = ((first_block + i as u64) * block_bytes).max(offset);
+        if block_start >= end {
+            break;
+        }
+        match run {
+            Some((_, f)) if f == flags => {}
+            Some((start, f)) => {
+                push(start, block_start, f, out);
+                extents += 1;
+                if req_one {
+                    return extents;
+                }
+                run = Some((block_start, flags));
+            }
+            None => run = Some((block_start, flags)),
+        }
+    }
+    if let Some((start, f)) = run {
+        let stop = end.min((first_block + block_flags.len() as u64) * block_bytes);
+        push(start, stop, f, out);
+        extents += 1;
+    }
+    extents
+}
+
 /// What an export allows, as negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExportLimits {
@@ -316,6 +509,10 @@ pub struct ExportLimits {
     /// Largest read or write.
     pub max_block_bytes: u32,
     pub read_only: bool,
+    /// The client negotiated structured replies.
+    pub structured: bool,
+    /// The client selected `base:allocation` (so may send `NBD_CMD_BLOCK_STATUS`).
+    pub base_allocation: bool,
 }
 
 /// A request that passed every check.
@@ -327,14 +524,17 @@ pub enum Command {
     Flush,
     Trim { offset: u64, len: u32, fua: bool },
     WriteZeroes { offset: u64, len: u32, fua: bool, no_hole: bool },
+    BlockStatus { offset: u64, len: u32, req_one: bool },
 }
 
 /// Checks a request against the protocol and the export; `Err` is the error value of the
 /// reply (the request is not executed, a write's payload is still to be consumed).
 pub fn validate(r: &Request, limits: &ExportLimits) -> Result<Command, u32> {
     let allowed_flags = match r.kind {
+        CMD_READ if limits.structured => CMD_FLAG_FUA | CMD_FLAG_DF,
         CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_DISC => CMD_FLAG_FUA,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_BLOCK_STATUS if limits.base_allocation => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         _ => return Err(EINVAL),
     };
     if r.flags & !allowed_flags != 0 {
@@ -347,7 +547,7 @@ pub fn validate(r: &Request, limits: &ExportLimits) -> Result<Command, u32> {
         CMD_FLUSH => return Ok(Command::Flush),
         _ => {}
     }
-    let writes = r.kind != CMD_READ;
+    let writes = !matches!(r.kind, CMD_READ | CMD_BLOCK_STATUS);
     if writes && limits.read_only {
         return Err(EPERM);
     }
@@ -375,6 +575,7 @@ pub fn validate(r: &Request, limits: &ExportLimits) -> Result<Command, u32> {
         CMD_WRITE => Command::Write { offset, len, fua },
         CMD_TRIM => Command::Trim { offset, len, fua },
         CMD_WRITE_ZEROES => Command::WriteZeroes { offset, len, fua, no_hole: r.flags & CMD_FLAG_NO_HOLE != 0 },
+        CMD_BLOCK_STATUS => Command::BlockStatus { offset, len, req_one: r.flags & CMD_FLAG_REQ_ONE != 0 },
         _ => unreachable!("kinds checked above"),
     })
 }
@@ -384,7 +585,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const LIMITS: ExportLimits = ExportLimits { size_bytes: 1 << 20, min_block_bytes: 512, max_block_bytes: 64 << 10, read_only: false };
+    const LIMITS: ExportLimits = ExportLimits { size_bytes: 1 << 20, min_block_bytes: 512, max_block_bytes: 64 << 10, read_only: false, structured: false, base_allocation: false };
 
     fn req(kind: u16, flags: u16, offset: u64, len: u32) -> Request {
         Request { flags, kind, handle: 7, offset, len }
@@ -433,7 +634,9 @@ mod tests {
         assert!(parse_option(OPT_LIST, &[1]).is_err());
         assert_eq!(parse_option(OPT_ABORT, &[]), Ok(ClientOption::Abort));
         assert_eq!(parse_option(OPT_EXPORT_NAME, b"x"), Ok(ClientOption::ExportName(b"x")));
-        assert_eq!(parse_option(OPT_STRUCTURED_REPLY, &[]), Ok(ClientOption::Unsupported(OPT_STRUCTURED_REPLY)));
+        assert_eq!(parse_option(OPT_STRUCTURED_REPLY, &[]), Ok(ClientOption::StructuredReply));
+        assert!(parse_option(OPT_STRUCTURED_REPLY, &[0]).is_err(), "takes no data");
+        assert_eq!(parse_option(11, &[]), Ok(ClientOption::Unsupported(11)), "extended headers");
         assert_eq!(parse_option(0xdead, &[1, 2]), Ok(ClientOption::Unsupported(0xdead)));
     }
 
@@ -498,6 +701,22 @@ mod tests {
         assert_eq!(validate(&req(CMD_READ, 0, 3, 5), &bytes), Ok(Command::Read { offset: 3, len: 5 }));
     }
 
+    #[test]
+    fn block_status_and_df_only_as_negotiated() {
+        let sr = ExportLimits { structured: true, ..LIMITS };
+        let bs = ExportLimits { base_allocation: true, ..sr };
+        assert_eq!(validate(&req(CMD_READ, CMD_FLAG_DF, 0, 512), &LIMITS), Err(EINVAL), "DF without structured replies");
+        assert_eq!(validate(&req(CMD_READ, CMD_FLAG_DF, 0, 512), &sr), Ok(Command::Read { offset: 0, len: 512 }));
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 4096), &sr), Err(EINVAL), "no context selected");
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 1 << 20), &bs), Ok(Command::BlockStatus { offset: 0, len: 1 << 20, req_one: false }), "status may exceed the max block");
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 512, 512), &bs), Ok(Command::BlockStatus { offset: 512, len: 512, req_one: true }));
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, CMD_FLAG_DF, 0, 512), &bs), Err(EINVAL), "DF is for reads");
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 0), &bs), Err(EINVAL));
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 1 << 20, 512), &bs), Err(EINVAL), "past the end");
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 512), &ExportLimits { read_only: true, ..bs }), Ok(Command::BlockStatus { offset: 0, len: 512, req_one: false }));
+        assert_eq!(validate(&req(CMD_READ, CMD_FLAG_REQ_ONE, 0, 512), &bs), Err(EINVAL), "REQ_ONE is for block status");
+    }
+
     /// The error numbers `doc/proto.md` names (found by tests/nbd_model.rs): a read over the
     /// maximum block size is EINVAL, not EOVERFLOW; a trim past the end is EINVAL, like a
     /// read, not ENOSPC, which is for writes and write-zeroes.
@@ -510,7 +729,120 @@ mod tests {
         assert_eq!(ok(req(CMD_WRITE_ZEROES, 0, 1 << 20, 512)), Err(ENOSPC), "write-zeroes past the end");
     }
 
+    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn meta_context_requests() {
+        let data = meta_data("disk", &["base:allocation", "qemu:dirty-bitmap:x"]);
+        let ClientOption::SetMetaContext(m) = parse_option(OPT_SET_META_CONTEXT, &data).unwrap() else { panic!("set") };
+        assert_eq!(m.name, b"disk");
+        assert_eq!(m.queries().collect::<Vec<_>>(), vec![&b"base:allocation"[..], b"qemu:dirty-bitmap:x"]);
+        assert!(m.selects_base_allocation(false));
+        let listing = |queries: &[&str], listing: bool| {
+            let data = meta_data("", queries);
+            let (ClientOption::ListMetaContext(m) | ClientOption::SetMetaContext(m)) = parse_option(if listing { OPT_LIST_META_CONTEXT } else { OPT_SET_META_CONTEXT }, &data).unwrap() else { panic!("meta") };
+            m.selects_base_allocation(listing)
+        };
+        assert!(listing(&[], true), "listing with no query lists everything");
+        assert!(!listing(&[], false), "setting no query selects nothing");
+        assert!(listing(&["base:"], true) && !listing(&["base:"], false), "a namespace lists, never sets");
+        assert!(!listing(&["qemu:"], true) && !listing(&["base:allocatio"], false) && !listing(&["base:allocationx"], true));
+        // Malformed requests.
+        assert!(parse_option(OPT_SET_META_CONTEXT, &data[..data.len() - 1]).is_err(), "last query cut short");
+        let mut extra = data.clone();
+        extra.push(0);
+        assert!(parse_option(OPT_SET_META_CONTEXT, &extra).is_err(), "bytes after the queries");
+        let mut more = meta_data("disk", &["base:allocation"]);
+        more[11] = 2; // two queries announced, one sent
+        assert!(parse_option(OPT_LIST_META_CONTEXT, &more).is_err());
+        assert!(parse_option(OPT_SET_META_CONTEXT, &[0, 0, 0, 9, 0, 0, 0, 0]).is_err(), "name longer than data");
+        assert!(parse_option(OPT_SET_META_CONTEXT, &[0; 7]).is_err());
+        let mut too_many = meta_data("", &[]);
+        too_many[4..8].copy_from_slice(&(META_QUERIES_MAX as u32 + 1).to_be_bytes());
+        assert!(parse_option(OPT_SET_META_CONTEXT, &too_many).is_err());
+        let bad_utf8 = [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0xff];
+        assert!(parse_option(OPT_SET_META_CONTEXT, &bad_utf8).is_err());
+        let mut out = Vec::new();
+        meta_context_entry(&mut out, OPT_SET_META_CONTEXT, CONTEXT_ID_BASE_ALLOCATION, CONTEXT_BASE_ALLOCATION);
+        assert_eq!(&out[12..16], &REP_META_CONTEXT.to_be_bytes());
+        assert_eq!(&out[16..20], &(4 + 15u32).to_be_bytes());
+        assert_eq!(&out[20..24], &1u32.to_be_bytes());
+        assert_eq!(&out[24..], b"base:allocation");
+    }
+
+    #[test]
+    fn structured_replies() {
+        let r = offset_data_reply(0x0102_0304_0506_0708, 4096, 512);
+        assert_eq!(&r[..4], &STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&r[4..6], &REPLY_FLAG_DONE.to_be_bytes());
+        assert_eq!(&r[6..8], &REPLY_TYPE_OFFSET_DATA.to_be_bytes());
+        assert_eq!(&r[8..16], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&r[16..20], &520u32.to_be_bytes(), "offset and data");
+        assert_eq!(&r[20..], &4096u64.to_be_bytes());
+        let e = error_reply(9, EINVAL);
+        assert_eq!(&e[6..8], &[0x80, 1]);
+        assert_eq!(&e[16..20], &6u32.to_be_bytes());
+        assert_eq!(&e[20..24], &EINVAL.to_be_bytes());
+        assert_eq!(&e[24..], &[0, 0], "no message");
+        let b = block_status_reply(9, CONTEXT_ID_BASE_ALLOCATION, 3);
+        assert_eq!(&b[6..8], &REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+        assert_eq!(&b[16..20], &(4 + 24u32).to_be_bytes());
+        assert_eq!(&b[20..], &1u32.to_be_bytes());
+    }
+
+    fn extents(offset: u64, len: u32, flags: &[u32], req_one: bool) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        let n = allocation_extents(&mut out, offset, len, 4096, flags, req_one);
+        assert_eq!(out.len(), n * EXTENT_BYTES);
+        out.chunks_exact(8).map(|c| (be32(c), be32(&c[4..]))).collect()
+    }
+
+    #[test]
+    fn extents_merge_runs_and_cover_the_range() {
+        const H: u32 = STATE_HOLE | STATE_ZERO;
+        assert_eq!(extents(0, 16384, &[0, 0, H, 0], false), vec![(8192, 0), (4096, H), (4096, 0)]);
+        assert_eq!(extents(0, 16384, &[0, 0, H, 0], true), vec![(8192, 0)]);
+        assert_eq!(extents(0, 16384, &[H; 4], true), vec![(16384, H)]);
+        // An unaligned range: the first and last extents are partial blocks.
+        assert_eq!(extents(1024, 8192, &[H, 0, 0], false), vec![(3072, H), (5120, 0)]);
+        assert_eq!(extents(512, 512, &[STATE_ZERO], false), vec![(512, STATE_ZERO)]);
+        // Statuses for fewer blocks than the range: the extents end with the last block.
+        assert_eq!(extents(2048, 16384, &[0, H], false), vec![(2048, 0), (4096, H)]);
+    }
+
     proptest! {
+        /// Extents of any range and statuses: consecutive, nonzero, within the range, each
+        /// block's status where it lies, and as long as the blocks given.
+        #[test]
+        fn extents_describe_every_block(offset in 0u64..20_000, len in 1u32..40_000, seed in any::<u64>(), req_one in any::<bool>()) {
+            let blocks = ((offset + u64::from(len)).div_ceil(4096) - offset / 4096) as usize;
+            let flags: Vec<u32> = (0..blocks).map(|i| ((seed >> (i % 64)) & 3) as u32).collect();
+            let got = extents(offset, len, &flags, req_one);
+            prop_assert!(!got.is_empty());
+            if req_one { prop_assert_eq!(got.len(), 1); }
+            let mut at = offset;
+            for (i, &(l, f)) in got.iter().enumerate() {
+                prop_assert!(l > 0);
+                if i > 0 { prop_assert_ne!(f, got[i - 1].1, "runs are merged"); }
+                for byte in [at, at + u64::from(l) - 1] {
+                    prop_assert_eq!(flags[(byte / 4096 - offset / 4096) as usize], f);
+                }
+                at += u64::from(l);
+            }
+            prop_assert!(at <= offset + u64::from(len));
+            if !req_one { prop_assert_eq!(at, offset + u64::from(len)); }
+        }
+
         /// Any 28 bytes: a request that round-trips, or a clean magic error; never a panic.
         #[test]
         fn request_headers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {

@@ -23,7 +23,7 @@ use kura_pool::{Context, Pool};
 use super::proto::{self, ClientOption, Command, ExportLimits, ProtoError};
 use crate::error::BlockError;
 use crate::layout::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
-use crate::queue::{BlockLocks, BlockQueue, Done, REPLIES_PER_GROUP, Volume};
+use crate::queue::{BlockLocks, BlockQueue, BlockState, Done, REPLIES_PER_GROUP, Volume};
 use crate::volume::{VolumeMeta, Volumes};
 
 /// The NBD port (IANA).
@@ -52,6 +52,9 @@ const INBUF_BYTES: usize = 256 << 10;
 const REPLIES_PER_WRITE_MAX: usize = 256;
 /// Read buffers kept for reuse per connection.
 const SPARE_BUFFERS_MAX: usize = 64;
+/// Most bytes one `NBD_CMD_BLOCK_STATUS` reply describes (a pool lookup per block; the
+/// protocol lets the reply cover less than asked, and clients ask again from where it ended).
+pub const BLOCK_STATUS_BYTES_MAX: u32 = 16 << 20;
 /// How often idle listeners and connections look at the stop flag.
 const STOP_CHECK_INTERVAL_MS: i32 = 200;
 /// How long `stop` waits for connections to finish their requests.
@@ -396,7 +399,7 @@ fn serve_connection(shared: &Arc<Shared>, mut stream: Stream, peer: &str) -> Res
     result
 }
 
-fn transmission_flags(read_only: bool) -> u16 {
+fn transmission_flags(read_only: bool, structured: bool) -> u16 {
     let mut flags = proto::FLAG_HAS_FLAGS
         | proto::FLAG_SEND_FLUSH
         | proto::FLAG_SEND_FUA
@@ -406,6 +409,10 @@ fn transmission_flags(read_only: bool) -> u16 {
         | proto::FLAG_CAN_MULTI_CONN;
     if read_only {
         flags |= proto::FLAG_READ_ONLY;
+    }
+    if structured {
+        // A read is always answered with one chunk.
+        flags |= proto::FLAG_SEND_DF;
     }
     flags
 }
@@ -459,8 +466,12 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
         return Ok(None);
     }
     let (_fixed, no_zeroes) = proto::parse_client_flags(&flags)?;
-    let flags = transmission_flags(shared.config.read_only);
+    let read_only = shared.config.read_only;
     let max_block = shared.config.max_block_bytes;
+    // NBD_OPT_STRUCTURED_REPLY was acknowledged; the volume NBD_OPT_SET_META_CONTEXT last
+    // selected base:allocation for (it holds only for that export).
+    let mut structured = false;
+    let mut allocation_of: Option<String> = None;
     let mut out = Vec::new();
     let mut data = Vec::new();
     for _ in 0..OPTIONS_MAX {
@@ -494,9 +505,10 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
             ClientOption::ExportName(name) => {
                 // This option cannot be answered with an error: an unknown export ends the session.
                 let volume = resolve(shared, ctx, name).map_err(|e| ConnError::Refused(format!("NBD_OPT_EXPORT_NAME: {e}")))?;
-                proto::export_name_reply(&mut out, volume.meta.size_bytes, flags, no_zeroes);
+                proto::export_name_reply(&mut out, volume.meta.size_bytes, transmission_flags(read_only, structured), no_zeroes);
                 stream.write_all(&out)?;
-                let limits = ExportLimits { size_bytes: volume.meta.size_bytes, min_block_bytes: 1, max_block_bytes: max_block, read_only: shared.config.read_only };
+                let base_allocation = allocation_of.as_deref() == Some(volume.meta.name.as_str());
+                let limits = ExportLimits { size_bytes: volume.meta.size_bytes, min_block_bytes: 1, max_block_bytes: max_block, read_only, structured, base_allocation };
                 return Ok(Some((volume, limits)));
             }
             ClientOption::Abort => {
@@ -514,10 +526,39 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
                 Err(e) => proto::option_reply(&mut out, option, proto::REP_ERR_UNSUP, e.to_string().as_bytes()),
             },
             ClientOption::StartTls => proto::option_reply(&mut out, option, proto::REP_ERR_POLICY, b"this server has no TLS"),
+            ClientOption::StructuredReply => {
+                structured = true;
+                proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
+            }
+            ClientOption::ListMetaContext(meta) | ClientOption::SetMetaContext(meta) => {
+                let listing = matches!(parsed, ClientOption::ListMetaContext(_));
+                if !structured {
+                    proto::option_reply(&mut out, option, proto::REP_ERR_INVALID, b"metadata contexts need structured replies, negotiated first");
+                } else {
+                    match resolve(shared, ctx, meta.name) {
+                        Ok(volume) => {
+                            let selected = meta.selects_base_allocation(listing);
+                            if selected {
+                                // Listed contexts have no id: the protocol reserves 0 for them.
+                                let id = if listing { 0 } else { proto::CONTEXT_ID_BASE_ALLOCATION };
+                                proto::meta_context_entry(&mut out, option, id, proto::CONTEXT_BASE_ALLOCATION);
+                            }
+                            if !listing {
+                                allocation_of = selected.then(|| volume.meta.name.clone());
+                            }
+                            proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
+                        }
+                        Err(e @ (BlockError::VolumeNotFound(_) | BlockError::VolumeDeleting(_) | BlockError::BadName { .. })) => {
+                            proto::option_reply(&mut out, option, proto::REP_ERR_UNKNOWN, e.to_string().as_bytes());
+                        }
+                        Err(e) => proto::option_reply(&mut out, option, proto::REP_ERR_SHUTDOWN, format!("cannot read the volume: {e}").as_bytes()),
+                    }
+                }
+            }
             ClientOption::Info(info) | ClientOption::Go(info) => match resolve(shared, ctx, info.name) {
                 Ok(volume) => {
                     let meta = &volume.meta;
-                    proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_export(meta.size_bytes, flags));
+                    proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_export(meta.size_bytes, transmission_flags(read_only, structured)));
                     if info.wants(proto::INFO_NAME) {
                         proto::option_reply(&mut out, option, proto::REP_INFO, &proto::info_string(proto::INFO_NAME, meta.name.as_bytes()));
                     }
@@ -531,7 +572,8 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
                     proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
                     if matches!(parsed, ClientOption::Go(_)) {
                         stream.write_all(&out)?;
-                        let limits = ExportLimits { size_bytes: meta.size_bytes, min_block_bytes: min_block, max_block_bytes: max_block, read_only: shared.config.read_only };
+                        let base_allocation = allocation_of.as_deref() == Some(meta.name.as_str());
+                        let limits = ExportLimits { size_bytes: meta.size_bytes, min_block_bytes: min_block, max_block_bytes: max_block, read_only, structured, base_allocation };
                         return Ok(Some((volume, limits)));
                     }
                 }
@@ -547,18 +589,49 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
     Err(ConnError::Refused(format!("more than {OPTIONS_MAX} options")))
 }
 
+/// Bytes of the longest reply header: a structured read's (chunk header and offset).
+const REPLY_HEADER_BYTES_MAX: usize = proto::OFFSET_DATA_HEADER_BYTES;
+
 /// A reply waiting for the socket.
 struct OutReply {
-    header: [u8; proto::SIMPLE_REPLY_BYTES],
+    /// The simple reply header or the structured chunk header (and the chunk's fixed fields).
+    header: [u8; REPLY_HEADER_BYTES_MAX],
+    header_len: u8,
     data: Option<Vec<u8>>,
     /// Bytes of header + data already written.
     written: usize,
 }
 
 impl OutReply {
-    fn len(&self) -> usize {
-        self.header.len() + self.data.as_ref().map_or(0, Vec::len)
+    fn new(header: &[u8], data: Option<Vec<u8>>) -> Self {
+        let mut h = [0u8; REPLY_HEADER_BYTES_MAX];
+        h[..header.len()].copy_from_slice(header);
+        Self { header: h, header_len: header.len() as u8, data, written: 0 }
     }
+
+    fn header(&self) -> &[u8] {
+        &self.header[..usize::from(self.header_len)]
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.header_len) + self.data.as_ref().map_or(0, Vec::len)
+    }
+}
+
+/// What the reply of a request in flight needs to know of it.
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    Read { offset: u64 },
+    Write,
+    Status { offset: u64, len: u32, req_one: bool },
+}
+
+/// A request in flight whose reply is not a bare simple reply, or whose bytes count
+/// towards the connection's limit.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    bytes: u64,
+    pending: Pending,
 }
 
 /// The receive buffer: bytes `start..end` are read and not yet parsed.
@@ -624,8 +697,9 @@ struct Transmission<'a> {
     out: VecDeque<OutReply>,
     out_bytes: usize,
     in_flight_bytes: u64,
-    /// Bytes per in-flight request, by handle order of arrival (to keep `in_flight_bytes`).
-    request_bytes: HashMap<u64, u64>,
+    /// Reads, writes and block statuses in flight, by handle (to keep `in_flight_bytes`, and
+    /// for what their replies say).
+    requests: HashMap<u64, InFlight>,
     spare: Vec<Vec<u8>>,
     /// The client sent `NBD_CMD_DISC`, closed its side, or the server is stopping: no more
     /// requests are read.
@@ -645,7 +719,7 @@ impl<'a> Transmission<'a> {
             out: VecDeque::new(),
             out_bytes: 0,
             in_flight_bytes: 0,
-            request_bytes: HashMap::new(),
+            requests: HashMap::new(),
             spare: Vec::new(),
             closing: false,
         }
@@ -768,7 +842,7 @@ impl<'a> Transmission<'a> {
                 Err(error) => {
                     self.inbuf.consume(proto::REQUEST_HEADER_BYTES);
                     self.skip_bytes = request.payload_bytes();
-                    self.push_reply(error, request.handle, None);
+                    self.push_error(error, request.handle);
                     continue;
                 }
             };
@@ -782,14 +856,21 @@ impl<'a> Transmission<'a> {
                     }
                     let data = &self.inbuf.data()[proto::REQUEST_HEADER_BYTES..total];
                     self.queue.submit_write(handle, &self.volume, offset, data, fua)?;
-                    self.track(handle, u64::from(len));
+                    self.track(handle, u64::from(len), Pending::Write);
                     self.inbuf.consume(total);
                     continue;
                 }
                 Command::Read { offset, len } => {
                     let buf = self.take_buffer(len as usize);
                     self.queue.submit_read(handle, &self.volume, offset, u64::from(len), buf)?;
-                    self.track(handle, u64::from(len));
+                    self.track(handle, u64::from(len), Pending::Read { offset });
+                }
+                Command::BlockStatus { offset, len, req_one } => {
+                    let len = len.min(BLOCK_STATUS_BYTES_MAX);
+                    let blocks = crate::layout::Split::new(offset, u64::from(len)).count() as usize;
+                    let buf = self.take_buffer(blocks);
+                    self.queue.submit_block_status(handle, &self.volume, offset, u64::from(len), buf)?;
+                    self.track(handle, u64::from(len), Pending::Status { offset, len, req_one });
                 }
                 Command::Flush => self.queue.submit_flush(handle, &self.volume)?,
                 Command::Trim { offset, len, fua } => self.queue.submit_discard(handle, &self.volume, offset, u64::from(len), fua)?,
@@ -800,9 +881,10 @@ impl<'a> Transmission<'a> {
         }
     }
 
-    fn track(&mut self, handle: u64, bytes: u64) {
+    fn track(&mut self, handle: u64, bytes: u64, pending: Pending) {
         self.in_flight_bytes += bytes;
-        *self.request_bytes.entry(handle).or_default() += bytes;
+        // A handle reused while in flight (a client's bug) keeps the bytes of both.
+        self.requests.entry(handle).and_modify(|r| r.bytes += bytes).or_insert(InFlight { bytes, pending });
     }
 
     fn take_buffer(&mut self, len: usize) -> Vec<u8> {
@@ -818,26 +900,44 @@ impl<'a> Transmission<'a> {
     }
 
     fn reply(&mut self, done: Done<Vec<u8>>) {
-        if let Some(bytes) = self.request_bytes.remove(&done.tag) {
-            self.in_flight_bytes -= bytes;
-        }
-        match done.result {
-            Ok(()) => self.push_reply(0, done.tag, done.buf),
-            Err(e) => {
-                tracing::debug!(handle = done.tag, error = %e, "nbd: request failed");
+        let pending = self.requests.remove(&done.tag).map(|r| {
+            self.in_flight_bytes -= r.bytes;
+            r.pending
+        });
+        let handle = done.tag;
+        match (done.result, pending) {
+            (Ok(()), Some(Pending::Read { offset })) if self.limits.structured => {
+                let data = done.buf.expect("a read's buffer");
+                self.push_reply(OutReply::new(&proto::offset_data_reply(handle, offset, data.len() as u32), Some(data)));
+            }
+            (Ok(()), Some(Pending::Status { offset, len, req_one })) => {
+                let states = done.buf.expect("a status buffer");
+                let flags: Vec<u32> = states.iter().map(|&b| allocation_flags(BlockState::from_byte(b))).collect();
+                self.recycle(states);
+                let mut extents = Vec::new();
+                let count = proto::allocation_extents(&mut extents, offset, len, crate::layout::BLOCK_SIZE_BYTES, &flags, req_one);
+                self.push_reply(OutReply::new(&proto::block_status_reply(handle, proto::CONTEXT_ID_BASE_ALLOCATION, count), Some(extents)));
+            }
+            (Ok(()), _) => self.push_reply(OutReply::new(&proto::simple_reply(0, handle), done.buf)),
+            (Err(e), _) => {
+                tracing::debug!(handle, error = %e, "nbd: request failed");
                 if let Some(buf) = done.buf {
                     self.recycle(buf);
                 }
-                self.push_reply(nbd_error(&e), done.tag, None);
+                self.push_error(nbd_error(&e), handle);
             }
         }
     }
 
-    fn push_reply(&mut self, error: u32, handle: u64, data: Option<Vec<u8>>) {
-        if error != 0 {
-            self.shared.stats.error_replies.fetch_add(1, Ordering::Relaxed);
-        }
-        let reply = OutReply { header: proto::simple_reply(error, handle), data, written: 0 };
+    /// An error reply: simple, or once structured replies are negotiated an error chunk
+    /// (which reads and block statuses need, and which is valid for every command).
+    fn push_error(&mut self, error: u32, handle: u64) {
+        self.shared.stats.error_replies.fetch_add(1, Ordering::Relaxed);
+        let reply = if self.limits.structured { OutReply::new(&proto::error_reply(handle, error), None) } else { OutReply::new(&proto::simple_reply(error, handle), None) };
+        self.push_reply(reply);
+    }
+
+    fn push_reply(&mut self, reply: OutReply) {
         self.out_bytes += reply.len();
         self.out.push_back(reply);
     }
@@ -886,9 +986,10 @@ impl<'a> Transmission<'a> {
             left -= replies;
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * replies);
             for reply in self.out.iter().take(replies) {
-                let header_len = reply.header.len();
+                let header = reply.header();
+                let header_len = header.len();
                 if reply.written < header_len {
-                    slices.push(IoSlice::new(&reply.header[reply.written..]));
+                    slices.push(IoSlice::new(&header[reply.written..]));
                 }
                 if let Some(data) = &reply.data {
                     let from = reply.written.saturating_sub(header_len);
@@ -932,6 +1033,15 @@ impl<'a> Transmission<'a> {
                 self.recycle(buf);
             }
         }
+    }
+}
+
+/// A block's `base:allocation` flags.
+fn allocation_flags(state: BlockState) -> u32 {
+    match state {
+        BlockState::Data => 0,
+        BlockState::Zeros => proto::STATE_ZERO,
+        BlockState::Absent => proto::STATE_HOLE | proto::STATE_ZERO,
     }
 }
 

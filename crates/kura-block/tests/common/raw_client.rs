@@ -61,7 +61,7 @@ impl RawClient {
             let mut data = vec![0u8; u32::from_be_bytes(h[16..].try_into().unwrap()) as usize];
             self.s.read_exact(&mut data).unwrap();
             replies.push((kind, data));
-            if kind != proto::REP_SERVER && kind != proto::REP_INFO {
+            if ![proto::REP_SERVER, proto::REP_INFO, proto::REP_META_CONTEXT].contains(&kind) {
                 return replies;
             }
         }
@@ -143,6 +143,34 @@ impl RawClient {
         self.request(proto::CMD_READ, 0, HANDLE_PROBE, 0, 4096, &[]);
         let (e, handle, data) = self.reply(4096);
         assert_eq!((e, handle, data.len()), (0, HANDLE_PROBE, 4096), "a read after: {what}");
+    }
+
+    /// NBD_OPT_STRUCTURED_REPLY, acknowledged.
+    pub fn structured_replies(&mut self) {
+        self.send_option(proto::OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(self.option_replies(proto::OPT_STRUCTURED_REPLY), vec![(proto::REP_ACK, Vec::new())]);
+    }
+
+    /// `NBD_OPT_{LIST,SET}_META_CONTEXT` data: the export name and the queries.
+    pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    }
+
+    /// The next structured reply chunk: (flags, type, handle, payload).
+    pub fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
+        let mut h = [0u8; proto::STRUCTURED_REPLY_BYTES];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), proto::STRUCTURED_REPLY_MAGIC, "structured reply magic");
+        let payload = self.read_data(u32::from_be_bytes(h[16..].try_into().unwrap()) as usize).unwrap();
+        (u16::from_be_bytes(h[4..6].try_into().unwrap()), u16::from_be_bytes(h[6..8].try_into().unwrap()), u64::from_be_bytes(h[8..16].try_into().unwrap()), payload)
     }
 
     /// Whether the server closed the connection (reads EOF or a reset).
