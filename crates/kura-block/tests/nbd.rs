@@ -77,6 +77,10 @@ fn qemu_img_round_trip_and_nbdinfo() {
     assert_eq!(export["can_fua"], true, "{info}");
     assert_eq!(export["can_trim"], true, "{info}");
     assert_eq!(export["can_zero"], true, "{info}");
+    assert_eq!(export["can_fast_zero"], true, "{info}");
+    assert_eq!(export["can_df"], true, "{info}");
+    assert_eq!(json["structured"], true, "{info}");
+    assert_eq!(export["contexts"], serde_json::json!(["base:allocation"]), "{info}");
     let list = run("nbdinfo", &["--list", "--json", &format!("nbd://{}", nbd.addr)]).unwrap();
     assert!(list.contains("\"export-name\": \"image\""), "{list}");
 }
@@ -310,6 +314,19 @@ fn structured_replies_and_block_status_follow_the_protocol() {
     assert_eq!(e.reply(512), (0, 7, pattern(1, 512)));
     e.expect_error(proto::CMD_BLOCK_STATUS, 0, 0, 4096, &[], proto::EINVAL, "status without structured replies");
     e.expect_error(proto::CMD_READ, proto::CMD_FLAG_DF, 0, 4096, &[], proto::EINVAL, "DF without structured replies");
+
+    // FAST_ZERO: zeroing by deleting is fast; zeroing by writing zero blocks (NO_HOLE) is
+    // not, so it fails with ENOTSUP and changes nothing.
+    assert_ne!(export.transmission_flags & proto::FLAG_SEND_FAST_ZERO, 0);
+    e.request(proto::CMD_WRITE_ZEROES, proto::CMD_FLAG_FAST_ZERO, 8, 4096, 4096, &[]);
+    assert_eq!(e.reply(0).0, 0);
+    e.request(proto::CMD_READ, 0, 9, 4096, 8192, &[]);
+    let mut want = vec![0u8; 4096];
+    want.extend_from_slice(&pattern(1, 8192)[4096..]);
+    assert_eq!(e.reply(8192).2, want, "fast zero zeroed the block");
+    e.expect_error(proto::CMD_WRITE_ZEROES, proto::CMD_FLAG_FAST_ZERO | proto::CMD_FLAG_NO_HOLE, 8192, 4096, &[], proto::ENOTSUP, "fast zero that would write");
+    e.request(proto::CMD_READ, 0, 10, 8192, 4096, &[]);
+    assert_eq!(e.reply(4096).2, pattern(1, 8192)[4096..].to_vec(), "a refused fast zero changes nothing");
 }
 
 /// create, list, resize (shrink deletes, grow reads zeros), delete — through the CLI.

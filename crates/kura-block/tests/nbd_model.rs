@@ -60,9 +60,7 @@ const INVALID_PERCENT: u64 = 8;
 // Protocol values kura does not advertise (and so does not define in `proto`).
 const CMD_CACHE: u16 = 5;
 const CMD_FLAG_DF: u16 = 1 << 2;
-const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 const FLAG_SEND_CACHE: u16 = 1 << 10;
-const FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
 
 /// The seeded generator of one seed's commands (the same sequence for a seed in a build).
 struct Rng(StdRng);
@@ -203,6 +201,8 @@ enum Op {
         len: u32,
         fua: bool,
         no_hole: bool,
+        /// `FAST_ZERO` (only where advertised, and without `no_hole`: that one may fail).
+        fast: bool,
     },
     Flush,
     /// An invalid request (or one the protocol says nothing about); `what` names the case.
@@ -224,7 +224,10 @@ impl Op {
             Op::Read { offset, len, fua: f } => (proto::CMD_READ, fua(f), offset, len),
             Op::Write { offset, len, fua: f } => (proto::CMD_WRITE, fua(f), offset, len),
             Op::Trim { offset, len, fua: f } => (proto::CMD_TRIM, fua(f), offset, len),
-            Op::Zeroes { offset, len, fua: f, no_hole } => (proto::CMD_WRITE_ZEROES, fua(f) | if no_hole { proto::CMD_FLAG_NO_HOLE } else { 0 }, offset, len),
+            Op::Zeroes { offset, len, fua: f, no_hole, fast } => {
+                let flags = fua(f) | if no_hole { proto::CMD_FLAG_NO_HOLE } else { 0 } | if fast { proto::CMD_FLAG_FAST_ZERO } else { 0 };
+                (proto::CMD_WRITE_ZEROES, flags, offset, len)
+            }
             Op::Flush => (proto::CMD_FLUSH, 0, 0, 0),
             Op::Bad { kind, flags, offset, len, .. } => (kind, flags, offset, len),
         }
@@ -369,7 +372,7 @@ impl<'a> Session<'a> {
         let mut offset = 0;
         while offset < VOLUME_SIZE_BYTES {
             let len = u64::from(chunk).min(VOLUME_SIZE_BYTES - offset) as u32;
-            batch.push(Op::Zeroes { offset, len, fua: false, no_hole: false });
+            batch.push(Op::Zeroes { offset, len, fua: false, no_hole: false, fast: false });
             offset += u64::from(len);
         }
         batch.push(Op::Flush);
@@ -504,7 +507,11 @@ fn random_op(rng: &mut Rng, export: &Export, busy: &[(u64, u64, bool)]) -> Optio
             0..40 => Op::Read { offset, len, fua: rng.percent(5) },
             40..80 => Op::Write { offset, len, fua },
             80..90 => Op::Trim { offset, len, fua },
-            _ => Op::Zeroes { offset, len, fua, no_hole: rng.percent(50) },
+            _ => {
+                let no_hole = rng.percent(50);
+                let fast = !no_hole && export.transmission_flags & proto::FLAG_SEND_FAST_ZERO != 0 && rng.percent(50);
+                Op::Zeroes { offset, len, fua, no_hole, fast }
+            }
         };
         let (start, end, writes) = op.range().expect("a ranged op");
         if busy.iter().any(|&(s, e, w)| (w || writes) && s < end && start < e) {
@@ -589,7 +596,7 @@ fn invalid_op(rng: &mut Rng, export: &Export) -> (Op, usize) {
                 ]);
                 bad(what, kind, flag, 0, len, einval)
             }
-            14 if export.transmission_flags & FLAG_SEND_FAST_ZERO == 0 => bad("FAST_ZERO, not advertised", proto::CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, len, einval),
+            14 if export.transmission_flags & proto::FLAG_SEND_FAST_ZERO == 0 => bad("FAST_ZERO, not advertised", proto::CMD_WRITE_ZEROES, proto::CMD_FLAG_FAST_ZERO, 0, len, einval),
             15 if export.transmission_flags & FLAG_SEND_CACHE == 0 => bad("CACHE, not advertised (unspecified)", CMD_CACHE, 0, 0, len, Expect::Any),
             12 => {
                 let kind = rng.pick(&[proto::CMD_READ, proto::CMD_WRITE, proto::CMD_TRIM, proto::CMD_WRITE_ZEROES]);

@@ -7,7 +7,7 @@
 //! `STRUCTURED_REPLY`, `LIST_META_CONTEXT` and `SET_META_CONTEXT` (one context,
 //! `base:allocation`); everything else is answered `NBD_REP_ERR_UNSUP` (`STARTTLS`: this
 //! server has no TLS, `NBD_REP_ERR_POLICY`). Transmission: commands `READ WRITE DISC FLUSH
-//! TRIM WRITE_ZEROES BLOCK_STATUS`, flags `FUA`, `NO_HOLE`, `DF` and `REQ_ONE`. Simple
+//! TRIM WRITE_ZEROES BLOCK_STATUS`, flags `FUA`, `NO_HOLE`, `FAST_ZERO`, `DF` and `REQ_ONE`. Simple
 //! replies, or, once structured replies are negotiated, structured ones for reads (one
 //! `OFFSET_DATA` chunk, so `DF` always holds), block status and errors.
 
@@ -37,6 +37,8 @@ pub const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 /// Reads honour `NBD_CMD_FLAG_DF`; only with structured replies.
 pub const FLAG_SEND_DF: u16 = 1 << 7;
 pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+/// `NBD_CMD_FLAG_FAST_ZERO` is honoured.
+pub const FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
 
 // Options.
 pub const OPT_EXPORT_NAME: u32 = 1;
@@ -82,6 +84,9 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 /// A block status request wants one extent only.
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+/// A write-zeroes that must fail with `ENOTSUP`, at once and changing nothing, unless it is
+/// faster than writing the zeros.
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
 // Structured replies: the flag of a request's last chunk, and chunk types.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -106,6 +111,7 @@ pub const ENOMEM: u32 = 12;
 pub const EINVAL: u32 = 22;
 pub const ENOSPC: u32 = 28;
 pub const EOVERFLOW: u32 = 75;
+pub const ENOTSUP: u32 = 95;
 pub const ESHUTDOWN: u32 = 108;
 
 /// Bytes the server sends first: `NBDMAGIC`, `IHAVEOPT`, handshake flags.
@@ -533,7 +539,7 @@ pub fn validate(r: &Request, limits: &ExportLimits) -> Result<Command, u32> {
     let allowed_flags = match r.kind {
         CMD_READ if limits.structured => CMD_FLAG_FUA | CMD_FLAG_DF,
         CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_DISC => CMD_FLAG_FUA,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         CMD_BLOCK_STATUS if limits.base_allocation => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         _ => return Err(EINVAL),
     };
@@ -568,6 +574,11 @@ pub fn validate(r: &Request, limits: &ExportLimits) -> Result<Command, u32> {
     }
     if r.offset.checked_add(u64::from(r.len)).is_none_or(|end| end > limits.size_bytes) {
         return Err(if matches!(r.kind, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL });
+    }
+    // Whole blocks are zeroed by deleting them, faster than writing; with NO_HOLE they are
+    // written, which is not.
+    if r.kind == CMD_WRITE_ZEROES && r.flags & CMD_FLAG_FAST_ZERO != 0 && r.flags & CMD_FLAG_NO_HOLE != 0 {
+        return Err(ENOTSUP);
     }
     let (offset, len) = (r.offset, r.len);
     Ok(match r.kind {
@@ -715,6 +726,15 @@ mod tests {
         assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 1 << 20, 512), &bs), Err(EINVAL), "past the end");
         assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 512), &ExportLimits { read_only: true, ..bs }), Ok(Command::BlockStatus { offset: 0, len: 512, req_one: false }));
         assert_eq!(validate(&req(CMD_READ, CMD_FLAG_REQ_ONE, 0, 512), &bs), Err(EINVAL), "REQ_ONE is for block status");
+    }
+
+    #[test]
+    fn fast_zero_is_refused_only_where_zeroing_writes() {
+        let ok = |r: Request| validate(&r, &LIMITS);
+        assert_eq!(ok(req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 8192)), Ok(Command::WriteZeroes { offset: 0, len: 8192, fua: false, no_hole: false }));
+        assert_eq!(ok(req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO | CMD_FLAG_NO_HOLE, 0, 8192)), Err(ENOTSUP));
+        assert_eq!(ok(req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO | CMD_FLAG_NO_HOLE, 1 << 20, 512)), Err(ENOSPC), "range errors first");
+        assert_eq!(ok(req(CMD_WRITE, CMD_FLAG_FAST_ZERO, 0, 512)), Err(EINVAL), "FAST_ZERO is for write-zeroes");
     }
 
     /// The error numbers `doc/proto.md` names (found by tests/nbd_model.rs): a read over the

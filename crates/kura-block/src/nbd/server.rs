@@ -405,6 +405,7 @@ fn transmission_flags(read_only: bool, structured: bool) -> u16 {
         | proto::FLAG_SEND_FUA
         | proto::FLAG_SEND_TRIM
         | proto::FLAG_SEND_WRITE_ZEROES
+        | proto::FLAG_SEND_FAST_ZERO
         // Flushes are pool-wide barriers, so they cover writes of every connection.
         | proto::FLAG_CAN_MULTI_CONN;
     if read_only {
@@ -1054,6 +1055,7 @@ fn nbd_error(e: &BlockError) -> u32 {
         libc::ENOMEM => proto::ENOMEM,
         libc::EOVERFLOW => proto::EOVERFLOW,
         libc::ESHUTDOWN => proto::ESHUTDOWN,
+        libc::ENOTSUP => proto::ENOTSUP,
         _ => proto::EIO,
     }
 }
