@@ -599,6 +599,18 @@ impl Engine {
         Ok(out)
     }
 
+    /// Visits the newest record of every key that is not deleted, until `visit` returns
+    /// false; returns how many it visited. Partition by partition: the records in the write
+    /// buffers first, then each sealed block, read whole once (memory: one block and its
+    /// records at a time), whose records are checked for newer versions as garbage
+    /// collection checks them. Not a snapshot (as memcached's LRU crawler is not): a key
+    /// written or deleted during the scan may be visited with its old or its new value, or
+    /// not at all, and one that garbage collection moves or eviction drops meanwhile may be
+    /// missed; every other key is visited exactly once.
+    pub fn scan(&self, visit: &mut dyn FnMut(ScanRecord<'_>) -> bool) -> Result<u64> {
+        self.inner.scan(visit)
+    }
+
     /// The candidate blocks the Bloom Filter Map gives for `key` (in-memory, for benchmarks).
     pub fn bfm_candidates(&self, key: &[u8], out: &mut Vec<u32>) {
         let hash = KeyHash::of(key);
@@ -1623,6 +1635,59 @@ impl Inner {
         Ok(())
     }
 
+    /// [`Engine::scan`].
+    fn scan(&self, visit: &mut dyn FnMut(ScanRecord<'_>) -> bool) -> Result<u64> {
+        let mut scratch = GcScratch { victim: None, reads: BatchReads::new(), digests: DigestCache::default() };
+        let mut visited = 0u64;
+        for (p, partition) in self.partitions.iter().enumerate() {
+            // The write buffers' records, newest first: the active buffer's, then those of
+            // the one being sealed that the active one does not have. Their keys are newer
+            // than any sealed block's. The partition's sealed blocks are listed at the same
+            // moment: a seal publishes its block before it lets go of the buffer, so every
+            // record is in one or the other.
+            let (buffered, sealed) = {
+                let state = partition.state.read();
+                let mut sealed: Vec<Arc<BlockIndex>> = state.blocks.view.iter().flatten().cloned().collect();
+                sealed.sort_by_key(|b| std::cmp::Reverse(b.order_key()));
+                let owned = |r: RecordRef<'_>| OwnedRecord { hash: r.hash, version: r.version, kind: r.kind, key: r.key.to_vec(), value: r.value.to_vec() };
+                let mut records: Vec<OwnedRecord> = state.active.sorted_records().into_iter().map(owned).collect();
+                if let Some(sealing) = &state.sealing {
+                    let newer: std::collections::HashSet<&[u8]> = records.iter().map(|r| r.key.as_slice()).collect();
+                    let older: Vec<OwnedRecord> = sealing.sorted_records().into_iter().filter(|r| !newer.contains(r.key)).map(owned).collect();
+                    records.extend(older);
+                }
+                (records, sealed)
+            };
+            let in_buffers: std::collections::HashSet<&[u8]> = buffered.iter().map(|r| r.key.as_slice()).collect();
+            for r in buffered.iter().filter(|r| r.kind != RecordKind::Tombstone) {
+                visited += 1;
+                if !visit(ScanRecord { key: &r.key, value: &r.value, version: r.version }) {
+                    return Ok(visited);
+                }
+            }
+            let mut live = Vec::new();
+            for block in &sealed {
+                live.clear();
+                if let Err(e) = self.collect_live(p, block, &mut scratch, &mut live) {
+                    // Retired since the list was taken (its slot may be being written
+                    // again): its live records were moved to a newer block or dropped with it.
+                    let retired = self.slots.lock().live.get(&block.slot).is_none_or(|b| b.block_seq != block.block_seq);
+                    if retired {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                for r in live.iter().filter(|r| r.kind != RecordKind::Tombstone && !in_buffers.contains(r.key.as_slice())) {
+                    visited += 1;
+                    if !visit(ScanRecord { key: &r.key, value: &r.value, version: r.version }) {
+                        return Ok(visited);
+                    }
+                }
+            }
+        }
+        Ok(visited)
+    }
+
     /// Reads a victim block and keeps the records that are still the newest of their keys.
     fn collect_live(&self, p: usize, victim: &Arc<BlockIndex>, scratch: &mut GcScratch, out: &mut Vec<OwnedRecord>) -> Result<()> {
         let len = (victim.data_end_bytes as usize).next_multiple_of(self.geo.sector).max(self.geo.sector);
@@ -2079,6 +2144,15 @@ impl Seals {
             s = self.done.wait(s).expect("seal lock poisoned");
         }
     }
+}
+
+/// A record [`Engine::scan`] visits: the newest version of its key, not a deletion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanRecord<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    /// The record's version (as [`Item::version`]).
+    pub version: u64,
 }
 
 /// A record copied out of a block being collected.

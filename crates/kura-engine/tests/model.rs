@@ -18,6 +18,8 @@ enum Op {
     Sync,
     Crash { seed: u64 },
     CleanRestart,
+    /// `Engine::scan`: every live key once, with its value.
+    Scan,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -29,6 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Sync),
         1 => any::<u64>().prop_map(|seed| Op::Crash { seed }),
         1 => Just(Op::CleanRestart),
+        1 => Just(Op::Scan),
     ]
 }
 
@@ -101,6 +104,31 @@ fn run(mode: Mode, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Get { key } => {
                 let got = engine.get(&[b'k', key]).map_err(|e| TestCaseError::fail(format!("get: {e}")))?.map(|i| i.into_vec());
                 model.check_get(key, got)?;
+            }
+            Op::Scan => {
+                let mut seen: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+                let mut problem = None;
+                engine
+                    .scan(&mut |r| {
+                        let key = r.key[1];
+                        let current = engine.get(r.key).ok().flatten().map(|i| i.version);
+                        if r.key.len() != 2 || seen.insert(key, r.value.to_vec()).is_some() || current != Some(r.version) {
+                            problem = Some(format!("key {key}: visited twice, or version {} is not the current {current:?}", r.version));
+                        }
+                        true
+                    })
+                    .map_err(|e| TestCaseError::fail(format!("scan: {e}")))?;
+                prop_assert!(problem.is_none(), "{}", problem.unwrap_or_default());
+                let live: BTreeMap<u8, Vec<u8>> = model.current.iter().filter_map(|(k, v)| v.clone().map(|v| (*k, v))).collect();
+                if mode == Mode::Cache {
+                    for (key, value) in &seen {
+                        prop_assert_eq!(Some(value), live.get(key), "scan visited key {} with another value, or a deleted one", key);
+                    }
+                } else {
+                    let missing: Vec<(u8, usize)> = live.iter().filter(|(k, _)| !seen.contains_key(k)).map(|(k, v)| (*k, v.len())).collect();
+                    prop_assert!(missing.is_empty(), "scan missed live keys (key, value bytes): {:?}; stats {:?}", missing, engine.stats());
+                    prop_assert!(seen == live, "scan values differ from the model");
+                }
             }
             Op::Sync => {
                 engine.sync().map_err(|e| TestCaseError::fail(format!("sync: {e}")))?;
