@@ -61,8 +61,8 @@ pub use meta::{ArithmeticOp, MetaFlag, MetaFlags, SetMode};
 pub use parse::{Parsed, is_binary_protocol, parse};
 pub use render::render_request;
 pub use request::{
-    MetaArithmetic, MetaRequest, MetaSet, Request, Retrieval, RetrievalCommand, ShutdownMode,
-    Storage, StorageCommand,
+    MetaArithmetic, MetaRequest, MetaSet, MetadumpClasses, Request, Retrieval, RetrievalCommand,
+    ShutdownMode, Storage, StorageCommand,
 };
 
 /// The key a meta request names: `raw` itself, or its base64 decoding into

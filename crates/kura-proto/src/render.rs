@@ -5,7 +5,7 @@
 use crate::encode::{push_i64, push_u64};
 use crate::lex::Tokens;
 use crate::meta::{ArithmeticOp, MetaFlag, MetaFlags};
-use crate::request::{Request, ShutdownMode, Storage};
+use crate::request::{MetadumpClasses, Request, ShutdownMode, Storage};
 
 const CRLF: &[u8] = b"\r\n";
 
@@ -33,6 +33,21 @@ pub fn render_request(out: &mut Vec<u8>, request: &Request<'_>) {
             meta_line(out, b"ms", set.key, Some(set.data.len()), &set.flags);
             out.extend_from_slice(CRLF);
             out.extend_from_slice(set.data);
+        }
+        Request::Metadump(classes) => {
+            let spec = match classes {
+                MetadumpClasses::All => b"all".to_vec(),
+                MetadumpClasses::Hash => b"hash".to_vec(),
+                MetadumpClasses::Classes(bits) => (1..=MetadumpClasses::CLASS_MAX)
+                    .filter(|&c| bits & (1 << c) != 0)
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+                    .into_bytes(),
+                MetadumpClasses::Invalid => b"0".to_vec(),
+            };
+            out.extend_from_slice(b"lru_crawler metadump ");
+            out.extend_from_slice(&spec);
         }
         other => render_simple(out, other),
     }
@@ -107,6 +122,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
         Request::Storage(_)
         | Request::Retrieval(_)
         | Request::Stats { .. }
+        | Request::Metadump(_)
         | Request::MetaGet(_)
         | Request::MetaSet(_)
         | Request::MetaDelete(_)

@@ -70,6 +70,8 @@ pub enum Request<'a> {
     /// `shutdown [graceful]`; a server may reject it
     /// (memcached: `ERROR: shutdown not enabled`).
     Shutdown(ShutdownMode),
+    /// `lru_crawler metadump <classes>`: one line per item, then `END`.
+    Metadump(MetadumpClasses),
     /// `cache_memlimit <megabytes> [noreply]`.
     CacheMemlimit {
         /// New memory limit, in MiB.
@@ -234,6 +236,33 @@ pub enum ShutdownMode {
     /// Anything else; memcached (when shutdown is enabled) replies
     /// `CLIENT_ERROR invalid shutdown mode`.
     Invalid,
+}
+
+/// Which items `lru_crawler metadump` lists, by memcached's slab class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetadumpClasses {
+    /// `all`.
+    All,
+    /// `hash`: every item, in hash-table order (memcached's; the order differs).
+    Hash,
+    /// Classes from `1,3,10`: bit `i` set for class `i`.
+    Classes(u64),
+    /// Not `all`, `hash` or classes 1..=63: memcached answers `BADCLASS invalid class id`.
+    Invalid,
+}
+
+impl MetadumpClasses {
+    /// Largest slab class id memcached takes.
+    pub const CLASS_MAX: u32 = 63;
+
+    /// Whether an item of slab class `class` is listed.
+    pub fn includes(&self, class: u32) -> bool {
+        match *self {
+            Self::All | Self::Hash => true,
+            Self::Classes(bits) => class <= Self::CLASS_MAX && bits & (1 << class) != 0,
+            Self::Invalid => false,
+        }
+    }
 }
 
 /// `mg` or `md`: a key and flags.

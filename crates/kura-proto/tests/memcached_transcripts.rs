@@ -584,7 +584,7 @@ impl Model {
             // kura's extension; memcached does not know the command.
             Request::Sync { .. } => out.extend_from_slice(b"ERROR\r\n"),
             Request::Quit => return false,
-            Request::Stats { .. } => encode::reply(out, Reply::End),
+            Request::Stats { .. } | Request::Metadump(_) => encode::reply(out, Reply::End),
             Request::Shutdown(_) => out.extend_from_slice(b"ERROR: shutdown not enabled\r\n"),
             Request::MetaNoop => encode::reply(out, Reply::MetaNoop),
             Request::MetaDebug { .. } => {

@@ -7,7 +7,8 @@
 
 use kura_proto::{
     ArithmeticOp, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, Parsed, ParserLimits,
-    Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage, StorageCommand,
+    MetadumpClasses, Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage,
+    StorageCommand,
     Tokens, encode_base64, parse, render_request,
 };
 use proptest::prelude::*;
@@ -391,8 +392,12 @@ fn classic_spec() -> impl Strategy<Value = Spec> {
             Request::Shutdown(ShutdownMode::Immediate),
             Request::Shutdown(ShutdownMode::Graceful),
             Request::Shutdown(ShutdownMode::Invalid),
+            Request::Metadump(MetadumpClasses::All),
+            Request::Metadump(MetadumpClasses::Hash),
+            Request::Metadump(MetadumpClasses::Invalid),
         ])
         .prop_map(Spec::Fixed),
+        (1u64..u64::MAX).prop_map(|bits| Spec::Fixed(Request::Metadump(MetadumpClasses::Classes((bits & !1).max(2))))),
     ]
 }
 

@@ -14,8 +14,8 @@ use kura_proto::encode::{
     self, MetaCode, MetaCommand, MetaDebugInfo, MetaItem, Reply, quiet_suppresses,
 };
 use kura_proto::{
-    KEY_LENGTH_MAX, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, Parsed,
-    ParserLimits, Request, Retrieval, SetMode, Storage, StorageCommand,
+    KEY_LENGTH_MAX, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, MetadumpClasses,
+    Parsed, ParserLimits, Request, Retrieval, SetMode, Storage, StorageCommand,
 };
 
 use crate::cache::Probe;
@@ -119,6 +119,9 @@ pub struct Ctx<'a> {
     pub wrote: &'a mut bool,
     /// Set by `sync`: make every acknowledged write durable before this turn's replies leave.
     pub sync_requested: &'a mut bool,
+    /// Set by `lru_crawler metadump`: the worker starts the dump (and reads no further
+    /// request of the connection until it has sent it).
+    pub metadump: &'a mut Option<MetadumpClasses>,
 }
 
 /// Whether a request must wait for the connection's pending reads: it writes,
@@ -190,6 +193,8 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         Request::Quit => return Flow::Close,
         Request::Stats { args } => stats(ctx, args.first(), args.len()),
         Request::Shutdown(_) => ctx.out.push_bytes(SHUTDOWN_DISABLED),
+        Request::Metadump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
+        Request::Metadump(classes) => *ctx.metadump = Some(classes),
         Request::CacheMemlimit { limit_mb, noreply } => {
             if limit_mb < CACHE_MEMLIMIT_MB_MIN {
                 ctx.out

@@ -42,6 +42,7 @@ pub mod clock;
 pub mod config;
 pub mod exec;
 pub mod heap;
+pub mod metadump;
 pub mod metrics;
 pub mod output;
 pub mod record;

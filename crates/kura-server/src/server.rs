@@ -134,6 +134,7 @@ impl Server {
             conns,
             limits: worker_limits(config),
             shutdown: AtomicBool::new(false),
+            metadump_running: Arc::new(AtomicBool::new(false)),
         });
 
         let mut workers = Vec::new();
@@ -151,7 +152,7 @@ impl Server {
                     })?,
                 );
             let (tx, rx) = mpsc::channel();
-            let worker = Worker::new(Arc::clone(&shared), stats, poll, rx).map_err(|source| {
+            let worker = Worker::new(Arc::clone(&shared), stats, poll, Arc::clone(&waker), rx).map_err(|source| {
                 ServerError::Io {
                     what: "starting a worker",
                     source,

@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 use kura_proto::{Parsed, ParserLimits, Recovery};
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::exec::{self, Ctx, Flow, Lookups, bump, finish_lookup};
+use crate::metadump::{self, Dump};
 use crate::output::Output;
 use crate::stats::{ConnStats, StatsSources, WorkerStats};
 use crate::store::Store;
@@ -88,6 +89,9 @@ pub struct Shared {
     pub conns: Arc<ConnStats>,
     pub limits: WorkerLimits,
     pub shutdown: std::sync::atomic::AtomicBool,
+    /// An `lru_crawler metadump` is running (one at a time in the server, as memcached's
+    /// crawler).
+    pub metadump_running: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct Conn {
@@ -122,6 +126,8 @@ struct Conn {
     last_active: Instant,
     in_ready: bool,
     in_dirty: bool,
+    /// An `lru_crawler metadump` being sent: nothing more is parsed until it ends.
+    dump: Option<Dump>,
 }
 
 impl Conn {
@@ -129,6 +135,7 @@ impl Conn {
         self.out.queued_bytes() >= limits.output_high_bytes
             || self.out.pending() >= limits.pending_reads_max
             || (self.barrier && self.out.pending() > 0)
+            || self.dump.is_some()
     }
 
     /// Makes room to read at least `want` more bytes, up to `max` buffered.
@@ -177,6 +184,13 @@ pub struct Worker {
     /// A `sync` command ran this turn.
     sync_requested: bool,
     draining_since: Option<Instant>,
+    /// Wakes this worker's poll (handed to metadump threads).
+    waker: Arc<Waker>,
+    /// Connections sending a metadump.
+    dumps: usize,
+    /// Threads of dumps whose connection closed before they ended (joined when the worker
+    /// stops; they stop at their next item).
+    dump_threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Worker {
@@ -185,6 +199,7 @@ impl Worker {
         shared: Arc<Shared>,
         stats: Arc<WorkerStats>,
         poll: Poll,
+        waker: Arc<Waker>,
         inbox: Receiver<TcpStream>,
     ) -> io::Result<Self> {
         let reads = ReadQueue::new(
@@ -211,6 +226,9 @@ impl Worker {
             wrote: false,
             sync_requested: false,
             draining_since: None,
+            waker,
+            dumps: 0,
+            dump_threads: Vec::new(),
         })
     }
 
@@ -218,7 +236,7 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let mut last_sweep = Instant::now();
         loop {
-            let timeout = if !self.ready.is_empty() || self.reads.has_ready() {
+            let timeout = if !self.ready.is_empty() || self.reads.has_ready() || self.dumps_want_room() {
                 Duration::ZERO
             } else if self.draining_since.is_some() {
                 LINGER_CHECK_INTERVAL
@@ -259,6 +277,7 @@ impl Worker {
             // Replies whose reads finished go out before new input is parsed,
             // so a burst of requests does not hold them back.
             self.finish_reads(reads_signalled);
+            self.pump_dumps();
             self.sync_writes();
             self.flush_dirty();
             self.serve_ready();
@@ -280,6 +299,73 @@ impl Worker {
         }
         for index in 0..self.conns.len() {
             self.close(index);
+        }
+        for thread in self.dump_threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+
+    /// Moves the lines of running metadumps into their connections' output while it has
+    /// room; a dump that ended lets its connection parse again.
+    fn pump_dumps(&mut self) {
+        if self.dumps == 0 {
+            return;
+        }
+        self.dump_threads.retain(|t| !t.is_finished());
+        let high = self.shared.limits.output_high_bytes;
+        for index in 0..self.conns.len() {
+            let Some(conn) = self.conns[index].as_mut() else { continue };
+            let Some(dump) = conn.dump.as_mut() else { continue };
+            let before = conn.out.queued_bytes();
+            let ended = metadump::drain(dump, high.saturating_sub(before), &mut conn.out);
+            if conn.out.queued_bytes() != before {
+                conn.last_active = Instant::now();
+                self.queue_dirty(index);
+            }
+            if ended {
+                let conn = self.conns[index].as_mut().expect("checked above");
+                if let Some(dump) = conn.dump.take() {
+                    let _ = dump.thread.join();
+                }
+                self.dumps -= 1;
+                self.queue_ready(index);
+                self.queue_dirty(index);
+            }
+        }
+    }
+
+    /// Whether a metadump stopped for a full output that has drained since: its next chunks
+    /// are taken at once (no event would announce that room).
+    fn dumps_want_room(&self) -> bool {
+        let high = self.shared.limits.output_high_bytes;
+        self.dumps > 0 && self.conns.iter().flatten().any(|c| c.dump.as_ref().is_some_and(|d| d.room_limited) && c.out.queued_bytes() < high)
+    }
+
+    /// Starts the metadump a request on connection `index` asked for (or answers `BUSY`).
+    fn start_dump(&mut self, index: usize, classes: kura_proto::MetadumpClasses) {
+        let Some(conn) = self.conns[index].as_mut() else { return };
+        let running = &self.shared.metadump_running;
+        if running.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            conn.out.push_bytes(metadump::BUSY_REPLY);
+            return;
+        }
+        let waker = Arc::clone(&self.waker);
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            let _ = waker.wake();
+        });
+        match metadump::start(Arc::clone(&self.shared.store), classes, wake, Arc::clone(running)) {
+            Ok(dump) => {
+                if self.draining_since.is_some() {
+                    dump.shutdown.store(true, Ordering::Release);
+                }
+                conn.dump = Some(dump);
+                self.dumps += 1;
+            }
+            Err(error) => {
+                running.store(false, Ordering::Release);
+                tracing::error!(%error, "metadump: cannot start its thread");
+                conn.out.push_bytes(b"SERVER_ERROR cannot start the metadump\r\n");
+            }
         }
     }
 
@@ -332,6 +418,7 @@ impl Worker {
                 last_active: Instant::now(),
                 in_ready: false,
                 in_dirty: false,
+                dump: None,
             });
             self.queue_ready(index);
         }
@@ -343,6 +430,9 @@ impl Worker {
         for index in 0..self.conns.len() {
             if let Some(conn) = self.conns[index].as_mut() {
                 conn.closing = true;
+                if let Some(dump) = &conn.dump {
+                    dump.shutdown.store(true, Ordering::Release);
+                }
                 self.queue_dirty(index);
             }
         }
@@ -386,6 +476,8 @@ impl Worker {
             }
             let conn = self.conns[conn_index].as_mut().expect("checked alive");
             let mut wrote = false;
+            // A lookup's completion never asks for a metadump.
+            let mut metadump = None;
             let mut ctx = Ctx {
                 store: &self.shared.store,
                 sources: &self.shared.sources,
@@ -397,6 +489,7 @@ impl Worker {
                 out: &mut conn.out,
                 wrote: &mut wrote,
                 sync_requested: &mut self.sync_requested,
+                metadump: &mut metadump,
             };
             if let Some((lookup, offset_bytes, len_bytes)) =
                 finish_lookup(&mut ctx, lookup, completion.result)
@@ -526,10 +619,19 @@ impl Worker {
     /// Runs every complete request in the input buffer, until one is
     /// incomplete or the connection must wait.
     fn execute_buffered(&mut self, index: usize) {
+        while let Some(classes) = self.execute_buffered_until_dump(index) {
+            self.start_dump(index, classes);
+            if self.conns[index].as_ref().is_none_or(|c| c.dump.is_some()) {
+                return;
+            }
+        }
+    }
+
+    /// [`Worker::execute_buffered`] up to an `lru_crawler metadump`, whose classes it returns.
+    fn execute_buffered_until_dump(&mut self, index: usize) -> Option<kura_proto::MetadumpClasses> {
         let limits = self.shared.limits.clone();
-        let Some(conn) = self.conns[index].as_mut() else {
-            return;
-        };
+        let conn = self.conns[index].as_mut()?;
+        let mut dump_asked = None;
         conn.barrier = false;
         conn.stalled = false;
         conn.frame_hint = 0;
@@ -562,6 +664,7 @@ impl Worker {
             } = conn;
             let buf = &input[*start..*end];
             let mut wrote = false;
+            let mut metadump = None;
             match kura_proto::parse(buf, &limits.parser) {
                 Ok(Parsed::Incomplete { frame_bytes }) => {
                     *stalled = true;
@@ -592,6 +695,7 @@ impl Worker {
                         out,
                         wrote: &mut wrote,
                         sync_requested: &mut self.sync_requested,
+                        metadump: &mut metadump,
                     };
                     let flow = exec::execute(&mut ctx, request, raw);
                     *start += consumed_bytes;
@@ -619,8 +723,14 @@ impl Worker {
                 *unsynced = true;
                 self.wrote = true;
             }
+            if metadump.is_some() {
+                // Nothing after it is parsed until the dump has been sent (or refused).
+                dump_asked = metadump;
+                break;
+            }
         }
         conn.shrink_if_idle();
+        dump_asked
     }
 
     /// `--sync always` or a `sync` command: make this turn's writes (every acknowledged write,
@@ -680,7 +790,7 @@ impl Worker {
                     continue;
                 }
             }
-            let finished = conn.closing || (conn.eof && (conn.start == conn.end || conn.stalled));
+            let finished = conn.dump.is_none() && (conn.closing || (conn.eof && (conn.start == conn.end || conn.stalled)));
             if finished && conn.out.is_empty() {
                 if self.draining_since.is_some() {
                     self.linger(index);
@@ -743,7 +853,7 @@ impl Worker {
         for index in 0..self.conns.len() {
             let idle = self.conns[index]
                 .as_ref()
-                .is_some_and(|c| c.out.pending() == 0 && c.last_active.elapsed() >= timeout);
+                .is_some_and(|c| c.out.pending() == 0 && c.dump.is_none() && c.last_active.elapsed() >= timeout);
             if idle {
                 bump(&self.shared.conns.idle_kicks);
                 self.close(index);
@@ -755,6 +865,11 @@ impl Worker {
         let Some(mut conn) = self.conns[index].take() else {
             return;
         };
+        if let Some(dump) = conn.dump.take() {
+            dump.stop.store(true, Ordering::Release);
+            self.dump_threads.push(dump.thread);
+            self.dumps -= 1;
+        }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.free.push(index);
         self.shared

@@ -9,7 +9,9 @@ use crate::lex::{
 };
 use crate::limits::{DATA_LENGTH_MAX_BYTES, ParserLimits};
 use crate::meta::ArithmeticOp;
-use crate::request::{Request, Retrieval, RetrievalCommand, ShutdownMode, Storage, StorageCommand};
+use crate::request::{
+    MetadumpClasses, Request, Retrieval, RetrievalCommand, ShutdownMode, Storage, StorageCommand,
+};
 
 /// `get`/`gets <key>*`, `gat`/`gats <exptime> <key>*`. `words` follows the name.
 pub(super) fn parse_retrieval<'a>(
@@ -68,6 +70,11 @@ pub(super) fn parse<'a>(
             args: Tokens::new(rest),
         },
         b"shutdown" => Request::Shutdown(shutdown_mode(line)),
+        // Only `metadump` of memcached's crawler commands: kura expires items as it reads them.
+        b"lru_crawler" if line.get(1) == b"metadump" => {
+            require_tokens(line, 3, 3)?;
+            Request::Metadump(metadump_classes(line.get(2)))
+        }
         _ => return Err(LineError::unknown()),
     };
     Ok(Head::Complete(request))
@@ -215,6 +222,24 @@ fn shutdown_mode(line: &Line<'_>) -> ShutdownMode {
         (2, b"graceful") => ShutdownMode::Graceful,
         _ => ShutdownMode::Invalid,
     }
+}
+
+/// `all`, `hash`, or class ids 1..=63 separated by commas (empty ones skipped, as
+/// memcached's `strtok` does).
+fn metadump_classes(spec: &[u8]) -> MetadumpClasses {
+    match spec {
+        b"all" => return MetadumpClasses::All,
+        b"hash" => return MetadumpClasses::Hash,
+        _ => {}
+    }
+    let mut bits = 0u64;
+    for id in spec.split(|&b| b == b',').filter(|id| !id.is_empty()) {
+        match parse_u32(id) {
+            Some(class @ 1..=MetadumpClasses::CLASS_MAX) => bits |= 1 << class,
+            _ => return MetadumpClasses::Invalid,
+        }
+    }
+    if bits == 0 { MetadumpClasses::Invalid } else { MetadumpClasses::Classes(bits) }
 }
 
 /// memcached's `WANT_TOKENS`: a token count outside the range is `ERROR`.

@@ -7,7 +7,7 @@ use crate::error::Recovery;
 use crate::lex::Tokens;
 use crate::limits::{KEY_LENGTH_MAX, LINE_LENGTH_MAX, RETRIEVAL_LINE_LENGTH_MAX};
 use crate::meta::{ArithmeticOp, MetaFlag, SetMode};
-use crate::request::{ShutdownMode, Storage, StorageCommand};
+use crate::request::{MetadumpClasses, ShutdownMode, Storage, StorageCommand};
 
 fn limits() -> ParserLimits {
     ParserLimits::default()
@@ -707,6 +707,20 @@ mod other_classic {
             ok(b"shutdown\r\n"),
             Request::Shutdown(ShutdownMode::Immediate)
         );
+        // What memcached 1.6.18 answers (tests/differential.rs compares the replies).
+        assert_eq!(ok(b"lru_crawler metadump all\r\n"), Request::Metadump(MetadumpClasses::All));
+        assert_eq!(ok(b"lru_crawler metadump hash\r\n"), Request::Metadump(MetadumpClasses::Hash));
+        assert_eq!(ok(b"lru_crawler metadump 1,,3\r\n"), Request::Metadump(MetadumpClasses::Classes(0b1010)));
+        assert_eq!(ok(b"lru_crawler metadump 63\r\n"), Request::Metadump(MetadumpClasses::Classes(1 << 63)));
+        for bad in [&b"0"[..], b"64", b"-1", b"ALL", b"1,x", b",", b"abc"] {
+            let line = [&b"lru_crawler metadump "[..], bad, b"\r\n"].concat();
+            assert_eq!(ok(&line), Request::Metadump(MetadumpClasses::Invalid), "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(MetadumpClasses::Classes(0b1010).includes(3) && !MetadumpClasses::Classes(0b1010).includes(2));
+        assert!(MetadumpClasses::All.includes(40) && !MetadumpClasses::Invalid.includes(1));
+        for error in [&b"lru_crawler metadump\r\n"[..], b"lru_crawler metadump all extra\r\n", b"lru_crawler crawl all\r\n", b"lru_crawler\r\n"] {
+            assert_eq!(err(error).kind, ErrorKind::UnknownCommand, "{}", String::from_utf8_lossy(error));
+        }
         assert_eq!(
             ok(b"shutdown graceful\r\n"),
             Request::Shutdown(ShutdownMode::Graceful)

@@ -1,0 +1,273 @@
+//! `lru_crawler metadump`: one line per live item, as memcached 1.6 prints them.
+//!
+//! memcached walks its LRUs in its crawler thread and streams the lines to the client; kura
+//! walks the store with [`kura_engine::Engine::scan`] (every block read once) on a thread of
+//! its own, which hands the lines to the connection's worker in chunks through a bounded
+//! channel and wakes it: the worker sends them as the socket drains, so a dump of any size
+//! holds at most [`CHANNEL_CHUNKS`] × [`CHUNK_BYTES`] plus the connection's output limit, and
+//! the worker keeps serving its other connections meanwhile. One dump runs at a time in the
+//! server (memcached's crawler is one too: a second gets `BUSY`).
+//!
+//! A line: `key=<key, URI-encoded> exp=<-1 or Unix time> la=<Unix time> cas=<cas> fetch=no
+//! cls=<class> size=<bytes>\n`, then `END\r\n`. kura records no access times and no fetched
+//! bit: `la` is when the item was stored, `fetch` is `no`. `cls` and `size` are what
+//! memcached with its default slab classes (`-n 48 -f 1.25`) would report for the item,
+//! so that tools which read them see familiar numbers; kura has no slabs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kura_proto::MetadumpClasses;
+
+use crate::record::RecordView;
+use crate::store::{Liveness, Store};
+
+/// Bytes of lines handed to the worker at a time.
+pub const CHUNK_BYTES: usize = 64 * 1024;
+/// Chunks waiting for the worker, at most.
+pub const CHANNEL_CHUNKS: usize = 4;
+/// How long a dump whose channel is full waits before it tries again (and looks whether it
+/// should stop).
+const CHANNEL_FULL_PAUSE: Duration = Duration::from_millis(2);
+/// memcached's item header (`sizeof(item)` on 64-bit) and CAS field, for `size=`.
+const MEMCACHED_ITEM_HEADER_BYTES: usize = 48;
+const MEMCACHED_CAS_BYTES: usize = 8;
+const MEMCACHED_CLIENT_FLAGS_BYTES: usize = 4;
+/// memcached's default smallest chunk (`-n 48` plus the item header), growth factor
+/// (`-f 1.25`), alignment, and largest chunk (half the 1 MiB item size).
+const SLAB_SIZE_MIN_BYTES: usize = 96;
+const SLAB_ALIGN_BYTES: usize = 8;
+const SLAB_GROWTH_FACTOR: f64 = 1.25;
+const SLAB_CHUNK_MAX_BYTES: usize = 512 * 1024;
+
+/// The reply when a dump is already running.
+pub const BUSY_REPLY: &[u8] = b"BUSY currently processing crawler request\r\n";
+pub const BADCLASS_REPLY: &[u8] = b"BADCLASS invalid class id\r\n";
+const END_REPLY: &[u8] = b"END\r\n";
+const SHUTDOWN_REPLY: &[u8] = b"SERVER_ERROR metadump stopped: server shutting down\r\n";
+
+/// A running dump, as its connection holds it.
+pub struct Dump {
+    pub chunks: Receiver<Vec<u8>>,
+    /// Set when its connection closed: the dump stops at its next item.
+    pub stop: Arc<AtomicBool>,
+    /// Set when the server shuts down: the dump stops and says so.
+    pub shutdown: Arc<AtomicBool>,
+    /// The dump's thread; its last chunk ends with `END` or an error line.
+    pub thread: JoinHandle<()>,
+    /// The worker stopped taking chunks because the connection's output was full (it takes
+    /// more once that drains below its limit; nothing else would wake it for them).
+    pub room_limited: bool,
+}
+
+/// Starts a dump of the items of `classes` on a thread of its own; `wake` is called
+/// whenever a chunk is ready and when the dump ends (the worker then drains the channel).
+/// `running` is the server's one-dump flag, set by the caller and cleared when the thread ends.
+pub fn start(store: Arc<Store>, classes: MetadumpClasses, wake: Arc<dyn Fn() + Send + Sync>, running: Arc<AtomicBool>) -> std::io::Result<Dump> {
+    let (tx, chunks) = sync_channel(CHANNEL_CHUNKS);
+    let stop = Arc::new(AtomicBool::new(false));
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (thread_stop, thread_shutdown) = (Arc::clone(&stop), Arc::clone(&shutdown));
+    let thread = std::thread::Builder::new().name("kura-metadump".into()).spawn(move || {
+        // Clears the server's flag however the dump ends (a panic included).
+        struct Running(Arc<AtomicBool>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let running = Running(running);
+        let sender = ChunkSender { tx, stop: thread_stop, shutdown: thread_shutdown, wake: Arc::clone(&wake) };
+        run(&store, classes, &sender);
+        // The flag is clear before the channel closes, so that the connection's next dump,
+        // parsed as soon as the worker sees the close, is not refused; then the worker is
+        // woken to see it.
+        drop(running);
+        drop(sender);
+        wake();
+    });
+    match thread {
+        Ok(thread) => Ok(Dump { chunks, stop, shutdown, thread, room_limited: false }),
+        Err(e) => Err(e),
+    }
+}
+
+struct ChunkSender {
+    tx: SyncSender<Vec<u8>>,
+    stop: Arc<AtomicBool>,
+    shutdown: Arc<AtomicBool>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl ChunkSender {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire) || self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Hands a chunk to the worker, waiting while the channel is full. False when the dump
+    /// must end (its connection is gone, or it was told to stop).
+    fn send(&self, mut chunk: Vec<u8>) -> bool {
+        loop {
+            match self.tx.try_send(chunk) {
+                Ok(()) => {
+                    (self.wake)();
+                    return true;
+                }
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(back)) => {
+                    if self.stopping() {
+                        return false;
+                    }
+                    chunk = back;
+                    std::thread::sleep(CHANNEL_FULL_PAUSE);
+                }
+            }
+        }
+    }
+}
+
+fn run(store: &Store, classes: MetadumpClasses, sender: &ChunkSender) {
+    let mut chunk = Vec::with_capacity(CHUNK_BYTES + 512);
+    let mut gone = false;
+    let scanned = store.engine().scan(&mut |r| {
+        if sender.stopping() {
+            return false;
+        }
+        let Ok(view) = RecordView::parse(r.value) else {
+            return true; // not an item record (the engine's checksums passed: another writer's)
+        };
+        if store.liveness(&view.meta) != Liveness::Live {
+            return true;
+        }
+        item_line(&mut chunk, view.key(r.value), &view, r.version, &classes);
+        if chunk.len() >= CHUNK_BYTES && !sender.send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_BYTES + 512))) {
+            gone = true;
+            return false;
+        }
+        true
+    });
+    if gone || sender.stop.load(Ordering::Acquire) {
+        return;
+    }
+    match scanned {
+        _ if sender.shutdown.load(Ordering::Acquire) => chunk.extend_from_slice(SHUTDOWN_REPLY),
+        Ok(_) => chunk.extend_from_slice(END_REPLY),
+        Err(error) => {
+            tracing::error!(%error, "metadump: reading the store failed");
+            chunk.extend_from_slice(format!("SERVER_ERROR metadump failed: {error}\r\n").as_bytes());
+        }
+    }
+    sender.send(chunk);
+}
+
+/// Appends the item's line if its class is among `classes`.
+pub fn item_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, version: u64, classes: &MetadumpClasses) {
+    let meta = &view.meta;
+    let size = memcached_item_bytes(key.len(), meta.client_flags, view.data_len());
+    let class = slab_class(size);
+    if !classes.includes(class) {
+        return;
+    }
+    out.extend_from_slice(b"key=");
+    uri_encode(out, key);
+    let exp = if meta.expire_at_s == 0 { -1 } else { meta.expire_at_s };
+    let la = meta.set_time_us / 1_000_000;
+    out.extend_from_slice(format!(" exp={exp} la={la} cas={} fetch=no cls={class} size={size}\n", meta.cas(version)).as_bytes());
+}
+
+/// memcached's `ITEM_ntotal` of an item with CAS: header, key and its NUL, data and its
+/// `\r\n`, CAS, and client flags when they are not zero.
+pub fn memcached_item_bytes(key_len: usize, client_flags: u32, data_len: usize) -> usize {
+    let flags = if client_flags != 0 { MEMCACHED_CLIENT_FLAGS_BYTES } else { 0 };
+    MEMCACHED_ITEM_HEADER_BYTES + key_len + 1 + data_len + 2 + MEMCACHED_CAS_BYTES + flags
+}
+
+/// The slab class memcached's default classes put an item of `size` bytes in (1-based).
+/// As memcached's `slabs_init`: each class's chunk is the previous one × 1.25, aligned to 8;
+/// the class reached once the product passes the largest chunk / 1.25 is the last, with the
+/// largest chunk (bigger items are stored chunked in it).
+pub fn slab_class(size: usize) -> u32 {
+    let mut chunk = SLAB_SIZE_MIN_BYTES;
+    let mut class = 1;
+    loop {
+        if chunk as f64 >= SLAB_CHUNK_MAX_BYTES as f64 / SLAB_GROWTH_FACTOR || class == MetadumpClasses::CLASS_MAX {
+            return class;
+        }
+        let aligned = chunk.next_multiple_of(SLAB_ALIGN_BYTES);
+        if size <= aligned {
+            return class;
+        }
+        chunk = (aligned as f64 * SLAB_GROWTH_FACTOR) as usize;
+        class += 1;
+    }
+}
+
+/// memcached's `uriencode`: letters, digits and `-._~` as they are, every other byte `%XX`.
+pub fn uri_encode(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+    }
+}
+
+/// The worker's side: moves ready chunks into `out` while it holds less than `room` bytes
+/// (and notes in [`Dump::room_limited`] when that stopped it). Returns whether the dump has
+/// ended (its channel closed after the last chunk).
+pub fn drain(dump: &mut Dump, mut room: usize, out: &mut crate::output::Output) -> bool {
+    dump.room_limited = false;
+    loop {
+        if room == 0 {
+            dump.room_limited = true;
+            return false;
+        }
+        match dump.chunks.try_recv() {
+            Ok(chunk) => {
+                room = room.saturating_sub(chunk.len());
+                out.push_bytes(&chunk);
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => return false,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What memcached 1.6.18 printed for the same items (`set a%b 5 0 3`, `set k2 0 100 1`,
+    /// `set big 0 0 5000`, `set k 0 0 1`).
+    #[test]
+    fn sizes_and_classes_as_memcached() {
+        assert_eq!(memcached_item_bytes(3, 5, 3), 69);
+        assert_eq!(memcached_item_bytes(2, 0, 1), 62);
+        assert_eq!(memcached_item_bytes(1, 0, 1), 61);
+        assert_eq!(memcached_item_bytes(3, 0, 5000), 5062);
+        assert_eq!(slab_class(61), 1);
+        assert_eq!(slab_class(96), 1);
+        assert_eq!(slab_class(97), 2);
+        assert_eq!(slab_class(5062), 19);
+        // Classes never pass the largest memcached takes.
+        assert!(slab_class(1 << 20) <= MetadumpClasses::CLASS_MAX);
+        let mut last = 0;
+        for size in (1..(1 << 20)).step_by(997) {
+            let class = slab_class(size);
+            assert!(class >= last, "classes grow with size");
+            last = class;
+        }
+    }
+
+    #[test]
+    fn keys_are_uri_encoded() {
+        let mut out = Vec::new();
+        uri_encode(&mut out, b"a%b c/\xff-._~Z9");
+        assert_eq!(out, b"a%25b%20c%2F%FF-._~Z9");
+    }
+}

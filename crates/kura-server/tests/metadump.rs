@@ -1,0 +1,198 @@
+//! `lru_crawler metadump` against the real server: the same lines as memcached for the same
+//! items (but for the fields kura does not keep), class selection and errors as memcached
+//! answers them, requests pipelined behind a dump, a dump far larger than the connection's
+//! output limit, a client that leaves in the middle, a second dump while one runs, a restart
+//! (what memcached cannot keep), and `memcached-tool dump` as a real client.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Client, Kura, Memcached};
+
+/// The dump's lines by key: (exp, cls, size); the other fields are checked for form.
+fn dump(c: &mut Client, spec: &str) -> BTreeMap<String, (i64, u32, u64)> {
+    let out = c.until_end(format!("lru_crawler metadump {spec}\r\n"));
+    let mut items = BTreeMap::new();
+    for line in out.lines().filter(|l| *l != "END") {
+        let fields: BTreeMap<&str, &str> = line.split(' ').map(|f| f.split_once('=').unwrap_or_else(|| panic!("{line:?}"))).collect();
+        assert_eq!(fields.keys().copied().collect::<Vec<_>>(), vec!["cas", "cls", "exp", "fetch", "key", "la", "size"], "{line:?}");
+        let la: i64 = fields["la"].parse().unwrap();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        assert!((now - 600..=now + 1).contains(&la), "la is a recent Unix time: {line:?}");
+        assert!(fields["cas"].parse::<u64>().unwrap() > 0, "{line:?}");
+        assert!(["yes", "no"].contains(&fields["fetch"]), "{line:?}");
+        let previous = items.insert(fields["key"].to_owned(), (fields["exp"].parse().unwrap(), fields["cls"].parse().unwrap(), fields["size"].parse().unwrap()));
+        assert!(previous.is_none(), "key listed twice: {line:?}");
+    }
+    items
+}
+
+const SCRIPT: &[u8] = b"set a%b 5 0 3\r\nabc\r\nset k2 0 100 1\r\nx\r\nget a%b\r\nset gone 0 0 1\r\nz\r\ndelete gone\r\nset dead 0 -1 1\r\nq\r\nset \"sp 0 0 1\r\nw\r\nset tiny 0 0 0\r\n\r\nmn\r\n";
+
+fn load(c: &mut Client, big: &[u8]) {
+    c.send(SCRIPT);
+    let mut script = format!("set big 7 0 {}\r\n", big.len()).into_bytes();
+    script.extend_from_slice(big);
+    script.extend_from_slice(b"\r\nmn\r\n");
+    c.send(script);
+    while c.line() != "MN\r\n" {}
+    while c.line() != "MN\r\n" {}
+}
+
+/// The same items in kura and memcached: the same keys (URI-encoded), expiry, class and size;
+/// expired and deleted items are not listed. Class lists select as memcached's do, and the
+/// errors are memcached's.
+#[test]
+fn metadump_lists_what_memcached_lists() {
+    let kura = Kura::start(&[]);
+    let mut k = kura.client();
+    let big = vec![b'y'; 5000];
+    load(&mut k, &big);
+    let kura_all = dump(&mut k, "all");
+    assert_eq!(kura_all.keys().collect::<Vec<_>>(), vec!["%22sp", "a%25b", "big", "k2", "tiny"]);
+    assert_eq!(kura_all["big"].1, 19);
+    assert_eq!(dump(&mut k, "hash"), kura_all);
+    assert_eq!(dump(&mut k, "19").keys().collect::<Vec<_>>(), vec!["big"]);
+    assert_eq!(dump(&mut k, "1,,63").len(), 4);
+    assert!(dump(&mut k, "2").is_empty());
+    for (request, reply) in [("0", "BADCLASS invalid class id\r\n"), ("64", "BADCLASS invalid class id\r\n"), ("x", "BADCLASS invalid class id\r\n")] {
+        k.expect(format!("lru_crawler metadump {request}\r\n"), reply);
+    }
+    // Back to back on one connection: the second is not BUSY.
+    k.expect("lru_crawler metadump 2\r\nlru_crawler metadump 2\r\nmn\r\n", "END\r\nEND\r\nMN\r\n");
+    k.expect("lru_crawler metadump\r\n", "ERROR\r\n");
+    k.expect("lru_crawler metadump all more\r\n", "ERROR\r\n");
+    k.expect("lru_crawler crawl all\r\n", "ERROR\r\n");
+
+    let memcached = match Memcached::start(&[]) {
+        Ok(m) => m,
+        Err(reason) => {
+            kura_testkit::skip(&format!("no memcached to compare with: {reason}"));
+            return;
+        }
+    };
+    let mut m = Client::connect(memcached.port);
+    load(&mut m, &big);
+    let memcached_all = dump(&mut m, "all");
+    assert_eq!(kura_all, memcached_all, "kura's (exp, cls, size) by key against memcached's");
+    for spec in ["1", "19,20", "2"] {
+        assert_eq!(dump(&mut k, spec), dump(&mut m, spec), "metadump {spec}");
+    }
+}
+
+/// Requests pipelined behind a dump are answered after its END, in order; a dump of 200,000
+/// items (15 MB: more than the output limit and the socket buffers hold) arrives whole while another client is
+/// served; a second dump while one runs is BUSY; a client that leaves mid-dump leaves the
+/// server serving; after a restart the dump lists every item again.
+#[test]
+fn large_dumps_stream_and_survive_restarts() {
+    const ITEMS: usize = 200_000;
+    let mut kura = Kura::start(&["--size", "256M"]);
+    let mut c = kura.client();
+    let mut batch = Vec::new();
+    for i in 0..ITEMS {
+        batch.extend_from_slice(format!("set key:{i:06} {} 0 20 noreply\r\n", i % 3).as_bytes());
+        batch.extend_from_slice(format!("{i:020}\r\n").as_bytes());
+        if batch.len() > 1 << 20 {
+            c.send(std::mem::take(&mut batch));
+        }
+    }
+    batch.extend_from_slice(b"mn\r\n");
+    c.send(batch);
+    assert_eq!(c.line(), "MN\r\n");
+
+    // A dump with requests pipelined behind it.
+    c.send("lru_crawler metadump all\r\nget key:000007\r\nmn\r\n");
+    let mut keys = 0;
+    loop {
+        let line = c.line();
+        assert!(!line.is_empty(), "closed mid-dump");
+        if line == "END\r\n" {
+            break;
+        }
+        assert!(line.starts_with("key=key%3A"), "{line:?}");
+        keys += 1;
+    }
+    assert_eq!(keys, ITEMS);
+    assert_eq!(c.line(), "VALUE key:000007 1 20\r\n");
+    assert_eq!(c.line(), format!("{:020}\r\n", 7));
+    assert_eq!(c.line(), "END\r\n");
+    assert_eq!(c.line(), "MN\r\n");
+
+    // A client that does not read its dump holds the one crawler: others get BUSY, and are
+    // served meanwhile; once it leaves, dumps run again.
+    let mut slow = kura.client();
+    slow.send("lru_crawler metadump all\r\n");
+    let mut first = [0u8; 4];
+    slow.reader.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"key=");
+    let mut other = kura.client();
+    other.expect("lru_crawler metadump all\r\n", "BUSY currently processing crawler request\r\n");
+    assert_eq!(other.get("key:000100").as_deref(), Some(&format!("{:020}", 100).into_bytes()[..]));
+    drop(slow);
+    assert!(
+        common::eventually(Duration::from_secs(10), || {
+            other.send("lru_crawler metadump 2\r\n");
+            other.line() == "END\r\n"
+        }),
+        "a dump can run again once the client that held it left"
+    );
+
+    // A client that sends a dump request and leaves at once.
+    let mut gone = std::net::TcpStream::connect(("127.0.0.1", kura.port)).unwrap();
+    gone.write_all(b"lru_crawler metadump all\r\n").unwrap();
+    drop(gone);
+
+    // Persisted: after a restart (SIGTERM) the dump lists every item again.
+    assert!(kura.stop().success());
+    kura.restart();
+    let mut c = kura.client();
+    let items = dump(&mut c, "all");
+    assert_eq!(items.len(), ITEMS, "every item listed after the restart");
+}
+
+/// `memcached-tool HOST:PORT dump` (Debian's memcached package) reads the dump and the
+/// values and prints `add` commands; replayed into an empty server they give back the items.
+#[test]
+fn memcached_tool_dumps_and_the_dump_reloads() {
+    let tool = std::path::Path::new("/usr/share/memcached/scripts/memcached-tool");
+    if !tool.exists() {
+        kura_testkit::skip("no /usr/share/memcached/scripts/memcached-tool (package memcached)");
+        return;
+    }
+    let kura = Kura::start(&[]);
+    let mut c = kura.client();
+    let mut expected = BTreeMap::new();
+    for i in 0..300u32 {
+        let key = format!("tool{i}");
+        let value = format!("value-{i}-{}", "v".repeat(i as usize % 50));
+        c.send(format!("set {key} {i} 0 {}\r\n{value}\r\n", value.len()));
+        assert_eq!(c.line(), "STORED\r\n");
+        expected.insert(key, (i, value));
+    }
+    let out = Command::new("perl").arg(tool).arg(format!("127.0.0.1:{}", kura.port)).arg("dump").output().expect("run memcached-tool");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let restored = Kura::start(&[]);
+    let mut r = restored.client();
+    r.send(&out.stdout);
+    r.send("mn\r\n");
+    let mut stored = 0;
+    loop {
+        match r.line().as_str() {
+            "STORED\r\n" => stored += 1,
+            "MN\r\n" => break,
+            other => panic!("replaying the dump: {other:?}"),
+        }
+    }
+    assert_eq!(stored, expected.len());
+    for (key, (flags, value)) in &expected {
+        r.send(format!("get {key}\r\n"));
+        assert_eq!(r.line(), format!("VALUE {key} {flags} {}\r\n", value.len()));
+        assert_eq!(r.line(), format!("{value}\r\n"));
+        assert_eq!(r.line(), "END\r\n");
+    }
+}
