@@ -48,6 +48,9 @@ pub enum WriteMode {
     DirectSync,
 }
 
+/// Chunks one `SEEK_DATA`/`SEEK_HOLE` looks up per pool round trip.
+const SEEK_BATCH_CHUNKS: u64 = 64;
+
 struct Page {
     data: Box<[u8]>,
     /// Mirrors membership in [`PageMap::dirty`], so that writing to a page already dirty
@@ -787,6 +790,37 @@ impl Fs {
             self.refresh_if_stale(node)?;
         }
         Ok(node.size())
+    }
+
+    /// `SEEK_DATA` (`hole` false) or `SEEK_HOLE` (`hole` true) from `offset`: where the next
+    /// data or hole starts, at chunk granularity. A chunk that is not in the pool (never
+    /// written, punched, truncated away, or written as zeros, which write-back deletes) or
+    /// holds only zeros is a hole, and so is the end of the file. `None` (`ENXIO`): `offset`
+    /// is at or past the end, or no data follows it. The process's own dirty pages are
+    /// written back first, so that the pool holds what it sees.
+    pub fn seek_data_or_hole(&self, node: &Arc<Node>, offset: u64, hole: bool) -> Result<Option<u64>> {
+        if node.inner.lock().dirty > 0 {
+            self.writeback(node)?;
+        }
+        let size = self.size_of(node)?;
+        if offset >= size {
+            return Ok(None);
+        }
+        let chunk = self.chunk as u64;
+        let end = size.div_ceil(chunk);
+        let mut index = offset / chunk;
+        while index < end {
+            let until = (index + SEEK_BATCH_CHUNKS).min(end);
+            let keys: Vec<Vec<u8>> = (index..until).map(|i| self.keys.chunk(node.ino, i)).collect();
+            for (i, value) in (index..until).zip(self.kv.get_many(&keys)?) {
+                let data = value.is_some_and(|v| !kura_pool::is_zeros(&v));
+                if data != hole {
+                    return Ok(Some((i * chunk).max(offset)));
+                }
+            }
+            index = until;
+        }
+        Ok(hole.then_some(size))
     }
 
     /// Writes `data` at `offset` (`O_APPEND` callers pass the size). Returns bytes written.

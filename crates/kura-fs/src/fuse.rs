@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::cache::{Node, WriteMode};
@@ -258,6 +258,37 @@ impl Filesystem for KuraFuse {
         }
     }
 
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let (node, _) = match self.node(fh) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        match self.fs.fallocate(&node, mode, offset as i64, length as i64) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// The kernel asks only for `SEEK_DATA` and `SEEK_HOLE` (it moves the offset itself for
+    /// the others).
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let (node, _) = match self.node(fh) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        if !matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE) {
+            return reply.error(Errno::EINVAL);
+        }
+        if offset < 0 {
+            return reply.error(Errno::from_i32(libc::ENXIO));
+        }
+        match self.fs.seek_data_or_hole(&node, offset as u64, whence == libc::SEEK_HOLE) {
+            Ok(Some(at)) => reply.offset(at as i64),
+            Ok(None) => reply.error(Errno::from_i32(libc::ENXIO)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
     fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
         let (node, flags) = match self.node(fh) {
             Ok(n) => n,
@@ -416,24 +447,6 @@ impl Filesystem for KuraFuse {
                 }
                 Err(e) => reply.error(errno(e)),
             },
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn fallocate(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
-        if mode != 0 {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-        }
-        let end = offset.saturating_add(length);
-        let size = match self.node(fh) {
-            Ok((node, _)) => node.size(),
-            Err(e) => return reply.error(e),
-        };
-        if end <= size {
-            return reply.ok();
-        }
-        match self.fs.setattr(ino.0, SetAttr { size: Some(end), ..SetAttr::default() }) {
-            Ok(_) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }
     }

@@ -10,6 +10,9 @@
 use std::sync::Arc;
 
 use crate::Fs;
+
+/// Zeros one `fallocate` step writes at a time.
+const FALLOCATE_STEP_BYTES: usize = 128 << 10;
 use crate::error::{FsError, Result};
 use crate::kv::Cond;
 use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, SYMLINK_BYTES_MAX, bucket_of, check_name, dtype_of, file_type, is_dir};
@@ -656,6 +659,41 @@ impl Fs {
             at = self.load_inode(at)?.0.parent;
         }
         Err(FsError::Loop)
+    }
+
+    /// `fallocate(2)` on an open file: mode 0 (and `FALLOC_FL_KEEP_SIZE`) extends the size
+    /// (chunks are not reserved: the pool has no reservations), `FALLOC_FL_PUNCH_HOLE` (with
+    /// `KEEP_SIZE`, as Linux requires) and `FALLOC_FL_ZERO_RANGE` write zeros, which write-back
+    /// turns into holes (whole zero chunks are deleted). Other modes: `EOPNOTSUPP`.
+    pub fn fallocate(&self, node: &Arc<crate::Node>, mode: i32, offset: i64, len: i64) -> Result<()> {
+        if offset < 0 || len <= 0 {
+            return Err(FsError::Invalid);
+        }
+        let end = (offset as u64).checked_add(len as u64).ok_or(FsError::TooBig)?;
+        let size = self.size_of(node)?;
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => {}
+            m if m == libc::FALLOC_FL_PUNCH_HOLE || m == libc::FALLOC_FL_ZERO_RANGE => {
+                if m == libc::FALLOC_FL_PUNCH_HOLE && !keep {
+                    return Err(FsError::NotSupported);
+                }
+                let stop = if keep { end.min(size) } else { end };
+                let mut at = offset as u64;
+                let zeros = vec![0u8; FALLOCATE_STEP_BYTES];
+                while at < stop {
+                    let n = ((stop - at) as usize).min(FALLOCATE_STEP_BYTES);
+                    self.write(node, at, &zeros[..n], crate::cache::WriteMode::Buffered)?;
+                    at += n as u64;
+                }
+                return Ok(());
+            }
+            _ => return Err(FsError::NotSupported),
+        }
+        if !keep && end > size {
+            self.setattr(node.ino, SetAttr { size: Some(end), ..SetAttr::default() })?;
+        }
+        Ok(())
     }
 
     /// `chmod`, `chown`, `truncate`, `utimensat`.

@@ -1060,17 +1060,12 @@ fn kura_lseek(state: &State, of: &OpenFile, offset: i64, whence: c_int) -> Resul
         libc::SEEK_SET => offset,
         libc::SEEK_CUR => (of.offset() as i64).checked_add(offset).ok_or(libc::EOVERFLOW)?,
         libc::SEEK_END => size.checked_add(offset).ok_or(libc::EOVERFLOW)?,
-        libc::SEEK_DATA => {
+        libc::SEEK_DATA | libc::SEEK_HOLE => {
             if offset >= size || offset < 0 {
                 return Err(libc::ENXIO);
             }
-            offset
-        }
-        libc::SEEK_HOLE => {
-            if offset >= size || offset < 0 {
-                return Err(libc::ENXIO);
-            }
-            size
+            let found = with_fs(state, |fs| fs.seek_data_or_hole(node_of(fs, of)?, offset as u64, whence == libc::SEEK_HOLE).map_err(fs_errno))?;
+            found.ok_or(libc::ENXIO)? as i64
         }
         _ => return Err(libc::EINVAL),
     };
@@ -1225,34 +1220,7 @@ fn kura_fallocate(state: &State, of: &OpenFile, mode: c_int, offset: i64, len: i
     if of.flags() & libc::O_ACCMODE == libc::O_RDONLY {
         return Err(libc::EBADF);
     }
-    let end = (offset as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
-    with_fs(state, |fs| {
-        let node = node_of(fs, of)?;
-        let size = fs.size_of(node).map_err(fs_errno)?;
-        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        match mode & !libc::FALLOC_FL_KEEP_SIZE {
-            0 => {}
-            m if m == libc::FALLOC_FL_PUNCH_HOLE || m == libc::FALLOC_FL_ZERO_RANGE => {
-                if m == libc::FALLOC_FL_PUNCH_HOLE && !keep {
-                    return Err(libc::EOPNOTSUPP);
-                }
-                let stop = if keep { end.min(size) } else { end };
-                let mut at = offset as u64;
-                let zeros = vec![0u8; COPY_STEP_BYTES];
-                while at < stop {
-                    let n = ((stop - at) as usize).min(COPY_STEP_BYTES);
-                    fs.write(node, at, &zeros[..n], WriteMode::Buffered).map_err(fs_errno)?;
-                    at += n as u64;
-                }
-                return Ok(0);
-            }
-            _ => return Err(libc::EOPNOTSUPP),
-        }
-        if !keep && end > size {
-            fs.setattr(of.ino, SetAttr { size: Some(end), ..SetAttr::default() }).map_err(fs_errno)?;
-        }
-        Ok(0)
-    })
+    with_fs(state, |fs| fs.fallocate(node_of(fs, of)?, mode, offset, len).map(|()| 0).map_err(fs_errno))
 }
 
 extern "C" fn h_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_int {

@@ -547,24 +547,55 @@ fn a_file_closed_by_one_thread_while_another_opens_it_reads_whole() {
 /// set was EOPNOTSUPP and lists were empty; the descriptor calls reached the placeholder.)
 #[test]
 fn extended_attributes_as_on_the_kernel() {
-    let script = workspace().join("crates/kura-preload/tests/py/xattrs.py");
-    let script = script.to_str().unwrap();
     let env = Env::new();
-    let host = env.dir.path().join("host");
-    let out = std::process::Command::new("python3").arg(script).arg(&host).output().unwrap();
-    check(&out, &["python3", "xattrs.py", "HOST_DIR"]);
+    python_as_on_the_kernel(&env, "xattrs.py", &|want| assert!(want.contains("get binary ok -> True\n") && want.contains("on symlink itself -> EPERM\n"), "{want}"), &|| {});
+}
+
+/// Runs `tests/py/<script> DIR` on a host directory, under the preload on a directory in the
+/// mount, and through the FUSE mount (as root with `/dev/fuse`): the same output each time.
+/// `check_host` looks at the host's output first (that it shows what the test is about);
+/// `between` runs after the preload run, before the FUSE one.
+fn python_as_on_the_kernel(env: &Env, script: &str, check_host: &dyn Fn(&str), between: &dyn Fn()) {
+    let path = workspace().join("crates/kura-preload/tests/py").join(script);
+    let path = path.to_str().unwrap();
+    let out = std::process::Command::new("python3").arg(path).arg(env.dir.path().join("host")).output().unwrap();
+    check(&out, &["python3", script, "HOST_DIR"]);
     let want = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(want.contains("get binary ok -> True\n") && want.contains("on symlink itself -> EPERM\n"), "{want}");
-    assert_eq!(env.run(&["python3", script, "/kura/x"]), want, "under the preload (left) and on the kernel (right)");
+    check_host(&want);
+    assert_eq!(env.run(&["python3", path, "/kura/x"]), want, "under the preload (left) and on the kernel (right)");
+    between();
     // SAFETY: geteuid cannot fail.
     if !std::path::Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
         return kura_testkit::skip("needs root and /dev/fuse for the FUSE half");
     }
     let mnt = env.dir.path().join("mnt");
-    let through_fuse = format!("env -u LD_PRELOAD python3 {script} $KURA_FS_MOUNT/f");
+    let through_fuse = format!("env -u LD_PRELOAD python3 {path} $KURA_FS_MOUNT/f");
     let out = env.command(&["--fuse", "on", "--mount", mnt.to_str().unwrap()], &["sh", "-c", &through_fuse]).output().unwrap();
     check(&out, &["sh", "-c", &through_fuse]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), want, "through FUSE (left) and on the kernel (right)");
+}
+
+/// `SEEK_DATA` and `SEEK_HOLE` (`tests/py/seek_holes.py`: a sparse file before and after it
+/// is flushed, a full one, an empty one, a punched hole, where the offset goes) under the
+/// preload and through the FUSE mount, as ext4 answers on a host directory; and `qemu-img map`
+/// of a raw image in the mount sees the same extents as on the host. (Before, every file was
+/// all data: `SEEK_HOLE` said the end of the file.)
+#[test]
+fn seek_data_and_hole_as_on_the_kernel() {
+    let env = Env::new();
+    let qemu_img_map = || {
+        if kura_testkit::require_cmd("qemu-img").is_err() {
+            return;
+        }
+        let map = |path: &str| format!("qemu-img map --output=json -f raw {path}");
+        let out = std::process::Command::new("sh").arg("-c").arg(map(env.dir.path().join("host/sparse").to_str().unwrap())).output().unwrap();
+        check(&out, &["qemu-img", "map"]);
+        let want = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(want.contains("\"data\": false"), "{want}");
+        assert_eq!(env.sh(&map("/kura/x/sparse")), want, "qemu-img map under the preload (left) and on the kernel (right)");
+    };
+    let holes_kept = |want: &str| assert!(want.contains("reopened hole 0 -> 4096\n") && want.contains("punched data 16384 -> 32768\n"), "the host file system keeps holes: {want}");
+    python_as_on_the_kernel(&env, "seek_holes.py", &holes_kept, &qemu_img_map);
 }
 
 /// Relative paths from a host directory into the mount: from the working directory (`cd /;
