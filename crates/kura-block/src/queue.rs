@@ -126,6 +126,8 @@ pub struct Done<B> {
     pub result: Result<()>,
     /// The read buffer given at submit (reads only).
     pub buf: Option<B>,
+    /// A read found none of its blocks in the pool: it read only zeros (a hole).
+    pub hole: bool,
 }
 
 /// What [`BlockQueue::submit_block_status`] finds of a block, one byte per block.
@@ -200,6 +202,8 @@ struct Req<B> {
     /// Whole blocks it writes or deletes whose lock it holds (operations in flight).
     locked: HashSet<u64>,
     error: Option<BlockError>,
+    /// A read's blocks found in the pool.
+    found: u64,
     /// Waiting for its barrier.
     flushing: bool,
     /// Handed to the done list.
@@ -316,6 +320,7 @@ impl<B: ReadBuf> BlockQueue<B> {
             rmw: [None, None],
             locked: HashSet::new(),
             error: None,
+            found: 0,
             flushing: false,
             finished: false,
         }
@@ -624,7 +629,8 @@ impl<B: ReadBuf> BlockQueue<B> {
             self.st.free.push(slot);
             self.st.live -= 1;
             delivered += 1;
-            on_done(Done { tag: req.tag, result: req.error.map_or(Ok(()), Err), buf: req.buf });
+            let hole = req.cmd == Cmd::Read && req.found == 0;
+            on_done(Done { tag: req.tag, result: req.error.map_or(Ok(()), Err), buf: req.buf, hole });
         }
         delivered
     }
@@ -680,6 +686,9 @@ impl<B: ReadBuf> State<B> {
                         let seg = req.split.segment(index);
                         let volume_id = req.volume.meta.id;
                         let buf = req.buf.as_mut().expect("a read's buffer").bytes_mut();
+                        if matches!(outcome, Outcome::Value(_)) {
+                            req.found += 1;
+                        }
                         match outcome {
                             Outcome::Value(v) if v.len() as u64 == BLOCK_SIZE_BYTES => buf[seg.in_buf()].copy_from_slice(&v[seg.in_block()]),
                             Outcome::Value(v) => req.fail(BlockError::CorruptBlock { volume_id, lba: seg.lba, len_bytes: v.len(), expected_bytes: BLOCK_SIZE_BYTES as usize }),

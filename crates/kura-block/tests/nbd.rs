@@ -273,6 +273,18 @@ fn structured_replies_and_block_status_follow_the_protocol() {
         assert_eq!(u64::from_be_bytes(p[..8].try_into().unwrap()), 4096 + 512);
         assert_eq!(&p[8..], &pattern(1, 8192)[512..1536]);
     }
+    // A read of a range with no stored block: one OFFSET_HOLE chunk (with DF too: one content
+    // chunk); a range with some data is all data.
+    for flags in [0, proto::CMD_FLAG_DF] {
+        c.request(proto::CMD_READ, flags, 3, 512 << 10, 64 << 10, &[]);
+        let (f, t, h, p) = c.chunk();
+        assert_eq!((f, t, h), (proto::REPLY_FLAG_DONE, proto::REPLY_TYPE_OFFSET_HOLE, 3));
+        assert_eq!((u64::from_be_bytes(p[..8].try_into().unwrap()), be32(&p[8..])), (512 << 10, 64 << 10));
+    }
+    c.request(proto::CMD_READ, 0, 3, 0, 16384, &[]);
+    let (_, t, _, p) = c.chunk();
+    assert_eq!((t, p.len()), (proto::REPLY_TYPE_OFFSET_DATA, 8 + 16384));
+    assert!(p[8..8 + 4096].iter().all(|&b| b == 0) && p[8 + 4096..8 + 12288] == pattern(1, 8192)[..]);
     // Errors are error chunks: a read past the end, an unaligned request.
     for (kind, offset, len, error) in [(proto::CMD_READ, 64 << 20, 512, proto::EINVAL), (proto::CMD_BLOCK_STATUS, 100, 512, proto::EINVAL), (proto::CMD_BLOCK_STATUS, 64 << 20, 512, proto::EINVAL)] {
         c.request(kind, 0, 4, offset, len, &[]);

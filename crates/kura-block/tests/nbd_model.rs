@@ -362,6 +362,38 @@ impl<'a> Session<'a> {
             }
             assert!(requests < 1 << 16, "{}: seed {}: block status does not get through the volume", self.server, self.seed);
         }
+        // Reads with structured replies: data and hole chunks that tile each range and read
+        // as the model says.
+        const READ_BYTES: u64 = 64 << 10;
+        let mut offset = 0;
+        while offset < VOLUME_SIZE_BYTES {
+            self.status.request(proto::CMD_READ, 0, 2, offset, READ_BYTES as u32, &[]);
+            let mut covered = 0;
+            loop {
+                let (flags, kind, handle, payload) = self.status.chunk();
+                assert_eq!(handle, 2, "{}: seed {}: read reply handle", self.server, self.seed);
+                if kind == proto::REPLY_TYPE_NONE {
+                    assert_ne!(flags & proto::REPLY_FLAG_DONE, 0, "{}: seed {}: NONE is a last chunk", self.server, self.seed);
+                    break;
+                }
+                let at = u64::from_be_bytes(payload[..8].try_into().unwrap());
+                let bytes = match kind {
+                    proto::REPLY_TYPE_OFFSET_DATA => payload[8..].to_vec(),
+                    proto::REPLY_TYPE_OFFSET_HOLE => vec![0u8; be32(&payload[8..]) as usize],
+                    other => panic!("{}: seed {}: read at {offset}: chunk type {other:#x}", self.server, self.seed),
+                };
+                assert!(at >= offset && at + bytes.len() as u64 <= offset + READ_BYTES, "{}: seed {}: chunk at {at} outside the read at {offset}", self.server, self.seed);
+                if let Some(diff) = self.model.check_read(at, &bytes) {
+                    panic!("{}: seed {}: structured read at {at} ({} chunk): {diff}", self.server, self.seed, if kind == proto::REPLY_TYPE_OFFSET_HOLE { "hole" } else { "data" });
+                }
+                covered += bytes.len() as u64;
+                if flags & proto::REPLY_FLAG_DONE != 0 {
+                    break;
+                }
+            }
+            assert_eq!(covered, READ_BYTES, "{}: seed {}: the chunks of the read at {offset} cover it", self.server, self.seed);
+            offset += READ_BYTES;
+        }
     }
 
     /// Zeroes the whole volume (so every seed starts the same) and reads it back.

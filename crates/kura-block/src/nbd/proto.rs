@@ -9,7 +9,8 @@
 //! server has no TLS, `NBD_REP_ERR_POLICY`). Transmission: commands `READ WRITE DISC FLUSH
 //! TRIM WRITE_ZEROES BLOCK_STATUS`, flags `FUA`, `NO_HOLE`, `FAST_ZERO`, `DF` and `REQ_ONE`. Simple
 //! replies, or, once structured replies are negotiated, structured ones for reads (one
-//! `OFFSET_DATA` chunk, so `DF` always holds), block status and errors.
+//! `OFFSET_DATA` chunk, or one `OFFSET_HOLE` chunk when the range holds no stored block: so
+//! `DF` always holds), block status and errors.
 
 /// `NBDMAGIC`.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -122,6 +123,8 @@ pub const SIMPLE_REPLY_BYTES: usize = 16;
 pub const STRUCTURED_REPLY_BYTES: usize = 20;
 /// A structured read reply's bytes before the data: chunk header and offset.
 pub const OFFSET_DATA_HEADER_BYTES: usize = STRUCTURED_REPLY_BYTES + 8;
+/// A whole `NBD_REPLY_TYPE_OFFSET_HOLE` chunk: header, offset, hole size.
+pub const OFFSET_HOLE_REPLY_BYTES: usize = STRUCTURED_REPLY_BYTES + 12;
 /// Bytes of one `NBD_REPLY_TYPE_BLOCK_STATUS` descriptor (length, flags).
 pub const EXTENT_BYTES: usize = 8;
 /// Queries one `NBD_OPT_{LIST,SET}_META_CONTEXT` may carry.
@@ -446,6 +449,16 @@ pub fn offset_data_reply(handle: u64, offset: u64, data_bytes: u32) -> [u8; OFFS
     let mut b = [0u8; OFFSET_DATA_HEADER_BYTES];
     b[..STRUCTURED_REPLY_BYTES].copy_from_slice(&structured_reply(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, handle, 8 + data_bytes));
     b[STRUCTURED_REPLY_BYTES..].copy_from_slice(&offset.to_be_bytes());
+    b
+}
+
+/// A read's only chunk when all it covers reads as zeros (`NBD_REPLY_TYPE_OFFSET_HOLE`,
+/// done): 12 bytes of payload instead of the zeros.
+pub fn offset_hole_reply(handle: u64, offset: u64, hole_bytes: u32) -> [u8; OFFSET_HOLE_REPLY_BYTES] {
+    let mut b = [0u8; OFFSET_HOLE_REPLY_BYTES];
+    b[..STRUCTURED_REPLY_BYTES].copy_from_slice(&structured_reply(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_HOLE, handle, 12));
+    b[STRUCTURED_REPLY_BYTES..STRUCTURED_REPLY_BYTES + 8].copy_from_slice(&offset.to_be_bytes());
+    b[STRUCTURED_REPLY_BYTES + 8..].copy_from_slice(&hole_bytes.to_be_bytes());
     b
 }
 
@@ -809,6 +822,11 @@ mod tests {
         assert_eq!(&r[8..16], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&r[16..20], &520u32.to_be_bytes(), "offset and data");
         assert_eq!(&r[20..], &4096u64.to_be_bytes());
+        let h = offset_hole_reply(3, 8192, 1 << 20);
+        assert_eq!(&h[6..8], &REPLY_TYPE_OFFSET_HOLE.to_be_bytes());
+        assert_eq!(&h[16..20], &12u32.to_be_bytes());
+        assert_eq!(&h[20..28], &8192u64.to_be_bytes());
+        assert_eq!(&h[28..], &(1u32 << 20).to_be_bytes());
         let e = error_reply(9, EINVAL);
         assert_eq!(&e[6..8], &[0x80, 1]);
         assert_eq!(&e[16..20], &6u32.to_be_bytes());

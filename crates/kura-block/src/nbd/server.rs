@@ -590,8 +590,8 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
     Err(ConnError::Refused(format!("more than {OPTIONS_MAX} options")))
 }
 
-/// Bytes of the longest reply header: a structured read's (chunk header and offset).
-const REPLY_HEADER_BYTES_MAX: usize = proto::OFFSET_DATA_HEADER_BYTES;
+/// Bytes of the longest reply header: a structured read's hole chunk.
+const REPLY_HEADER_BYTES_MAX: usize = proto::OFFSET_HOLE_REPLY_BYTES;
 
 /// A reply waiting for the socket.
 struct OutReply {
@@ -909,7 +909,14 @@ impl<'a> Transmission<'a> {
         match (done.result, pending) {
             (Ok(()), Some(Pending::Read { offset })) if self.limits.structured => {
                 let data = done.buf.expect("a read's buffer");
-                self.push_reply(OutReply::new(&proto::offset_data_reply(handle, offset, data.len() as u32), Some(data)));
+                if done.hole {
+                    // No block of the range is stored: 32 bytes instead of its zeros.
+                    let reply = OutReply::new(&proto::offset_hole_reply(handle, offset, data.len() as u32), None);
+                    self.recycle(data);
+                    self.push_reply(reply);
+                } else {
+                    self.push_reply(OutReply::new(&proto::offset_data_reply(handle, offset, data.len() as u32), Some(data)));
+                }
             }
             (Ok(()), Some(Pending::Status { offset, len, req_one })) => {
                 let states = done.buf.expect("a status buffer");
