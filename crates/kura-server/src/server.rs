@@ -134,7 +134,6 @@ impl Server {
             conns,
             limits: worker_limits(config),
             shutdown: AtomicBool::new(false),
-            metadump_running: Arc::new(AtomicBool::new(false)),
         });
 
         let mut workers = Vec::new();

@@ -49,6 +49,10 @@ pub struct ConnStats {
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub idle_kicks: AtomicU64,
+    /// An `lru_crawler metadump` is running (one at a time in the server, as memcached's
+    /// crawler); dumps started.
+    pub lru_crawler_running: Arc<std::sync::atomic::AtomicBool>,
+    pub lru_crawler_starts: AtomicU64,
 }
 
 /// What the `stats` command reports besides counters.
@@ -175,6 +179,8 @@ impl StatsSources {
             ("limit_maxbytes", U64(engine.capacity_bytes)),
             ("accepting_conns", U64(1)),
             ("idle_kicks", U64(load(&self.conns.idle_kicks))),
+            ("lru_crawler_running", U64(u64::from(self.conns.lru_crawler_running.load(Ordering::Relaxed)))),
+            ("lru_crawler_starts", U64(load(&self.conns.lru_crawler_starts))),
             ("threads", U64(self.info.threads as u64)),
             ("bytes", U64(engine.bytes_live_estimate)),
             ("curr_items", U64(self.store.curr_items(&engine))),

@@ -89,9 +89,6 @@ pub struct Shared {
     pub conns: Arc<ConnStats>,
     pub limits: WorkerLimits,
     pub shutdown: std::sync::atomic::AtomicBool,
-    /// An `lru_crawler metadump` is running (one at a time in the server, as memcached's
-    /// crawler).
-    pub metadump_running: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct Conn {
@@ -344,7 +341,7 @@ impl Worker {
     /// Starts the metadump a request on connection `index` asked for (or answers `BUSY`).
     fn start_dump(&mut self, index: usize, classes: kura_proto::MetadumpClasses) {
         let Some(conn) = self.conns[index].as_mut() else { return };
-        let running = &self.shared.metadump_running;
+        let running = &self.shared.conns.lru_crawler_running;
         if running.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
             conn.out.push_bytes(metadump::BUSY_REPLY);
             return;
@@ -360,6 +357,7 @@ impl Worker {
                 }
                 conn.dump = Some(dump);
                 self.dumps += 1;
+                bump(&self.shared.conns.lru_crawler_starts);
             }
             Err(error) => {
                 running.store(false, Ordering::Release);

@@ -147,6 +147,9 @@ fn large_dumps_stream_and_survive_restarts() {
     gone.write_all(b"lru_crawler metadump all\r\n").unwrap();
     drop(gone);
 
+    assert!(common::eventually(Duration::from_secs(10), || other.stat("lru_crawler_running") == 0));
+    assert!(other.stat("lru_crawler_starts") >= 3, "the dumps above were counted");
+
     // Persisted: after a restart (SIGTERM) the dump lists every item again.
     assert!(kura.stop().success());
     kura.restart();
