@@ -65,6 +65,9 @@ fn metadump_lists_what_memcached_lists() {
     // Back to back on one connection: the second is not BUSY.
     k.expect("lru_crawler metadump 2\r\nlru_crawler metadump 2\r\nmn\r\n", "END\r\nEND\r\nMN\r\n");
     k.expect("lru_crawler metadump\r\n", "ERROR\r\n");
+    // A client that sends its request and EOF gets the whole dump before the close.
+    let whole = common::transcript(kura.port, b"lru_crawler metadump all\r\n");
+    assert!(whole.ends_with(b"END\r\n") && whole.starts_with(b"key="), "{}", String::from_utf8_lossy(&whole));
     k.expect("lru_crawler metadump all more\r\n", "ERROR\r\n");
     k.expect("lru_crawler crawl all\r\n", "ERROR\r\n");
 
