@@ -118,7 +118,9 @@ impl ChunkSender {
                 }
                 Err(TrySendError::Disconnected(_)) => return false,
                 Err(TrySendError::Full(back)) => {
-                    if self.stopping() {
+                    // Only a connection that is gone ends the wait: at shutdown the worker
+                    // still sends what is queued (until its drain time), the error line last.
+                    if self.stop.load(Ordering::Acquire) {
                         return false;
                     }
                     chunk = back;

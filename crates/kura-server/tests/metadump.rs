@@ -200,6 +200,42 @@ fn dumps_while_the_store_evicts() {
     assert!(c.stat("kura_evicted_blocks") > 0, "blocks were evicted meanwhile");
 }
 
+/// SIGTERM while a client holds a dump it does not read: the server stops the dump, says so
+/// at the end of what it sent (`SERVER_ERROR`, never a silent cut), and exits cleanly within
+/// its drain time, its store intact.
+#[test]
+fn shutdown_during_a_dump_ends_it_with_an_error_line() {
+    let mut kura = Kura::start(&["--size", "256M"]);
+    let mut c = kura.client();
+    let mut batch = Vec::new();
+    for i in 0..200_000 {
+        batch.extend_from_slice(format!("set s{i:06} 0 0 20 noreply\r\n{i:020}\r\n").as_bytes());
+    }
+    batch.extend_from_slice(b"mn\r\n");
+    c.send(batch);
+    assert_eq!(c.line(), "MN\r\n");
+    let mut slow = kura.client();
+    slow.send("lru_crawler metadump all\r\n");
+    let mut first = [0u8; 4];
+    slow.reader.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"key=");
+    let started = std::time::Instant::now();
+    let status = kura.stop();
+    assert!(status.success(), "clean exit: {status}");
+    assert!(started.elapsed() < Duration::from_secs(15), "the dump did not hold the shutdown: {:?}", started.elapsed());
+    // What the client got: whole lines, then the error line (or the whole dump, if the server
+    // had already handed it all to the kernel).
+    let mut rest = Vec::new();
+    let _ = slow.reader.read_to_end(&mut rest);
+    let text = String::from_utf8_lossy(&rest);
+    let last = text.lines().last().unwrap_or_default();
+    assert!(last == "SERVER_ERROR metadump stopped: server shutting down" || last == "END", "last line {last:?}");
+    eprintln!("after SIGTERM the client got {} lines, the last {last:?}", text.lines().count());
+    kura.restart();
+    let mut c = kura.client();
+    assert_eq!(c.get("s123456").as_deref(), Some(&format!("{:020}", 123456).into_bytes()[..]));
+}
+
 /// `memcached-tool HOST:PORT dump` (Debian's memcached package) reads the dump and the
 /// values and prints `add` commands; replayed into an empty server they give back the items.
 #[test]
