@@ -43,6 +43,30 @@ fn load(c: &mut Client, big: &[u8]) {
     while c.line() != "MN\r\n" {}
 }
 
+/// `n` items `<prefix><i:06>` with flags `i % 3` and 20-byte values, pipelined.
+fn load_many(c: &mut Client, prefix: &str, n: usize) {
+    let mut batch = Vec::new();
+    for i in 0..n {
+        batch.extend_from_slice(format!("set {prefix}{i:06} {} 0 20 noreply\r\n{i:020}\r\n", i % 3).as_bytes());
+        if batch.len() > 1 << 20 {
+            c.send(std::mem::take(&mut batch));
+        }
+    }
+    batch.extend_from_slice(b"mn\r\n");
+    c.send(batch);
+    assert_eq!(c.line(), "MN\r\n");
+}
+
+/// A client that asks for a dump, reads its first bytes and then nothing more.
+fn unread_dump(kura: &Kura) -> Client {
+    let mut slow = kura.client();
+    slow.send("lru_crawler metadump all\r\n");
+    let mut first = [0u8; 4];
+    slow.reader.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"key=");
+    slow
+}
+
 /// The same items in kura and memcached: the same keys (URI-encoded), expiry, class and size;
 /// expired and deleted items are not listed. Class lists select as memcached's do, and the
 /// errors are memcached's.
@@ -96,17 +120,7 @@ fn large_dumps_stream_and_survive_restarts() {
     const ITEMS: usize = 200_000;
     let mut kura = Kura::start(&["--size", "256M"]);
     let mut c = kura.client();
-    let mut batch = Vec::new();
-    for i in 0..ITEMS {
-        batch.extend_from_slice(format!("set key:{i:06} {} 0 20 noreply\r\n", i % 3).as_bytes());
-        batch.extend_from_slice(format!("{i:020}\r\n").as_bytes());
-        if batch.len() > 1 << 20 {
-            c.send(std::mem::take(&mut batch));
-        }
-    }
-    batch.extend_from_slice(b"mn\r\n");
-    c.send(batch);
-    assert_eq!(c.line(), "MN\r\n");
+    load_many(&mut c, "key:", ITEMS);
 
     // A dump with requests pipelined behind it.
     c.send("lru_crawler metadump all\r\nget key:000007\r\nmn\r\n");
@@ -128,11 +142,7 @@ fn large_dumps_stream_and_survive_restarts() {
 
     // A client that does not read its dump holds the one crawler: others get BUSY, and are
     // served meanwhile; once it leaves, dumps run again.
-    let mut slow = kura.client();
-    slow.send("lru_crawler metadump all\r\n");
-    let mut first = [0u8; 4];
-    slow.reader.read_exact(&mut first).unwrap();
-    assert_eq!(&first, b"key=");
+    let slow = unread_dump(&kura);
     let mut other = kura.client();
     other.expect("lru_crawler metadump all\r\n", "BUSY currently processing crawler request\r\n");
     assert_eq!(other.get("key:000100").as_deref(), Some(&format!("{:020}", 100).into_bytes()[..]));
@@ -206,19 +216,8 @@ fn dumps_while_the_store_evicts() {
 #[test]
 fn shutdown_during_a_dump_ends_it_with_an_error_line() {
     let mut kura = Kura::start(&["--size", "256M"]);
-    let mut c = kura.client();
-    let mut batch = Vec::new();
-    for i in 0..200_000 {
-        batch.extend_from_slice(format!("set s{i:06} 0 0 20 noreply\r\n{i:020}\r\n").as_bytes());
-    }
-    batch.extend_from_slice(b"mn\r\n");
-    c.send(batch);
-    assert_eq!(c.line(), "MN\r\n");
-    let mut slow = kura.client();
-    slow.send("lru_crawler metadump all\r\n");
-    let mut first = [0u8; 4];
-    slow.reader.read_exact(&mut first).unwrap();
-    assert_eq!(&first, b"key=");
+    load_many(&mut kura.client(), "s", 200_000);
+    let mut slow = unread_dump(&kura);
     let started = std::time::Instant::now();
     let status = kura.stop();
     assert!(status.success(), "clean exit: {status}");
