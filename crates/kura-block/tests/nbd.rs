@@ -233,7 +233,7 @@ fn structured_replies_and_block_status_follow_the_protocol() {
 
     // Negotiation: metadata contexts need structured replies first; LIST and SET.
     let mut c = RawClient::connect(&nbd.addr);
-    c.send_option(proto::OPT_LIST_META_CONTEXT, &RawClient::meta_data("v", &[]));
+    c.send_option(proto::OPT_LIST_META_CONTEXT, &proto::encode_meta_request("v", &[]));
     assert_eq!(c.option_replies(proto::OPT_LIST_META_CONTEXT)[0].0, proto::REP_ERR_INVALID);
     c.structured_replies();
     let context = |id: u32| {
@@ -242,18 +242,18 @@ fn structured_replies_and_block_status_follow_the_protocol() {
         (proto::REP_META_CONTEXT, d)
     };
     for queries in [&[][..], &["base:"], &["base:allocation", "qemu:dirty-bitmap:b"]] {
-        c.send_option(proto::OPT_LIST_META_CONTEXT, &RawClient::meta_data("v", queries));
+        c.send_option(proto::OPT_LIST_META_CONTEXT, &proto::encode_meta_request("v", queries));
         assert_eq!(c.option_replies(proto::OPT_LIST_META_CONTEXT), vec![context(0), (proto::REP_ACK, vec![])], "list {queries:?}");
     }
     for queries in [&[][..], &["base:"], &["qemu:allocation"]] {
-        c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", queries));
+        c.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request("v", queries));
         assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT), vec![(proto::REP_ACK, vec![])], "set {queries:?} selects nothing");
     }
-    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("nope", &["base:allocation"]));
+    c.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request("nope", &["base:allocation"]));
     assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT)[0].0, proto::REP_ERR_UNKNOWN, "unknown export");
-    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"])[..9]);
+    c.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request("v", &["base:allocation"])[..9]);
     assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT)[0].0, proto::REP_ERR_INVALID, "malformed");
-    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"]));
+    c.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request("v", &["base:allocation"]));
     assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT), vec![context(proto::CONTEXT_ID_BASE_ALLOCATION), (proto::REP_ACK, vec![])]);
     let export = c.go_export("v", true);
     assert_ne!(export.transmission_flags & proto::FLAG_SEND_DF, 0, "DF with structured replies");
@@ -312,7 +312,7 @@ fn structured_replies_and_block_status_follow_the_protocol() {
     // A client that negotiated structured replies but no context may not ask for status.
     let mut d = RawClient::connect(&nbd.addr);
     d.structured_replies();
-    d.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"]));
+    d.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request("v", &["base:allocation"]));
     assert_eq!(d.option_replies(proto::OPT_SET_META_CONTEXT).len(), 2);
     d.go_export("w", true); // the context was selected for another export
     d.request(proto::CMD_BLOCK_STATUS, 0, 6, 0, 4096, &[]);
@@ -405,7 +405,7 @@ fn bad_input_gets_protocol_errors_and_others_keep_being_served() {
     assert_eq!(c.option_replies(0x4242)[0].0, proto::REP_ERR_UNSUP, "unknown option");
     c.send_option(proto::OPT_STRUCTURED_REPLY, &[1]);
     assert_eq!(c.option_replies(proto::OPT_STRUCTURED_REPLY)[0].0, proto::REP_ERR_INVALID, "STRUCTURED_REPLY with data");
-    c.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data("v", &["base:allocation"]));
+    c.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request("v", &["base:allocation"]));
     assert_eq!(c.option_replies(proto::OPT_SET_META_CONTEXT)[0].0, proto::REP_ERR_INVALID, "metadata contexts before structured replies");
     c.send_option(proto::OPT_STARTTLS, &[]);
     assert_eq!(c.option_replies(proto::OPT_STARTTLS)[0].0, proto::REP_ERR_POLICY);

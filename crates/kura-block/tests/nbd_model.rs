@@ -297,7 +297,7 @@ impl<'a> Session<'a> {
             .collect();
         let mut status = RawClient::connect(addr);
         status.structured_replies();
-        status.send_option(proto::OPT_SET_META_CONTEXT, &RawClient::meta_data(export_name, &[proto::CONTEXT_BASE_ALLOCATION]));
+        status.send_option(proto::OPT_SET_META_CONTEXT, &proto::encode_meta_request(export_name, &[proto::CONTEXT_BASE_ALLOCATION]));
         let replies = status.option_replies(proto::OPT_SET_META_CONTEXT);
         assert!(replies.len() == 2 && replies[0].0 == proto::REP_META_CONTEXT, "{server}: base:allocation selected: {replies:?}");
         let context_id = u32::from_be_bytes(replies[0].1[..4].try_into().unwrap());

@@ -796,9 +796,10 @@ impl Fs {
     /// data or hole starts, at chunk granularity. A chunk that is not in the pool (never
     /// written, punched, truncated away, or written as zeros, which write-back deletes) or
     /// holds only zeros is a hole, and so is the end of the file. `None` (`ENXIO`): `offset`
-    /// is at or past the end, or no data follows it. The process's own dirty pages are
-    /// written back first, so that the pool holds what it sees.
-    pub fn seek_data_or_hole(&self, node: &Arc<Node>, offset: u64, hole: bool) -> Result<Option<u64>> {
+    /// is negative, at or past the end, or no data follows it. The process's own dirty pages
+    /// are written back first, so that the pool holds what it sees.
+    pub fn seek_data_or_hole(&self, node: &Arc<Node>, offset: i64, hole: bool) -> Result<Option<u64>> {
+        let Ok(offset) = u64::try_from(offset) else { return Ok(None) };
         if node.inner.lock().dirty > 0 {
             self.writeback(node)?;
         }

@@ -279,10 +279,7 @@ impl Filesystem for KuraFuse {
         if !matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE) {
             return reply.error(Errno::EINVAL);
         }
-        if offset < 0 {
-            return reply.error(Errno::from_i32(libc::ENXIO));
-        }
-        match self.fs.seek_data_or_hole(&node, offset as u64, whence == libc::SEEK_HOLE) {
+        match self.fs.seek_data_or_hole(&node, offset, whence == libc::SEEK_HOLE) {
             Ok(Some(at)) => reply.offset(at as i64),
             Ok(None) => reply.error(Errno::from_i32(libc::ENXIO)),
             Err(e) => reply.error(errno(e)),

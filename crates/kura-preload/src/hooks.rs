@@ -1055,18 +1055,18 @@ fn kura_lseek(state: &State, of: &OpenFile, offset: i64, whence: c_int) -> Resul
         of.set_offset(offset as u64);
         return Ok(offset as c_long);
     }
+    if matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE) {
+        // It reads the size itself (after writing back this process's dirty pages).
+        let found = with_fs(state, |fs| fs.seek_data_or_hole(node_of(fs, of)?, offset, whence == libc::SEEK_HOLE).map_err(fs_errno))?;
+        let new = found.ok_or(libc::ENXIO)?;
+        of.set_offset(new);
+        return Ok(new as c_long);
+    }
     let size = with_fs(state, |fs| fs.size_of(node_of(fs, of)?).map_err(fs_errno))? as i64;
     let new = match whence {
         libc::SEEK_SET => offset,
         libc::SEEK_CUR => (of.offset() as i64).checked_add(offset).ok_or(libc::EOVERFLOW)?,
         libc::SEEK_END => size.checked_add(offset).ok_or(libc::EOVERFLOW)?,
-        libc::SEEK_DATA | libc::SEEK_HOLE => {
-            if offset >= size || offset < 0 {
-                return Err(libc::ENXIO);
-            }
-            let found = with_fs(state, |fs| fs.seek_data_or_hole(node_of(fs, of)?, offset as u64, whence == libc::SEEK_HOLE).map_err(fs_errno))?;
-            found.ok_or(libc::ENXIO)? as i64
-        }
         _ => return Err(libc::EINVAL),
     };
     if new < 0 {

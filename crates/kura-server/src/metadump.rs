@@ -88,11 +88,8 @@ pub fn start(store: Arc<Store>, classes: MetadumpClasses, wake: Arc<dyn Fn() + S
         drop(running);
         drop(sender);
         wake();
-    });
-    match thread {
-        Ok(thread) => Ok(Dump { chunks, stop, shutdown, thread, room_limited: false }),
-        Err(e) => Err(e),
-    }
+    })?;
+    Ok(Dump { chunks, stop, shutdown, thread, room_limited: false })
 }
 
 struct ChunkSender {

@@ -423,6 +423,20 @@ pub fn encode_request(r: &Request) -> [u8; REQUEST_HEADER_BYTES] {
     b
 }
 
+/// Encodes `NBD_OPT_{LIST,SET}_META_CONTEXT` data: export name and queries (for tests and
+/// clients).
+pub fn encode_meta_request(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
 /// A simple reply header (read data, if any, follows it).
 pub fn simple_reply(error: u32, handle: u64) -> [u8; SIMPLE_REPLY_BYTES] {
     let mut b = [0u8; SIMPLE_REPLY_BYTES];
@@ -762,27 +776,15 @@ mod tests {
         assert_eq!(ok(req(CMD_WRITE_ZEROES, 0, 1 << 20, 512)), Err(ENOSPC), "write-zeroes past the end");
     }
 
-    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
-        let mut d = Vec::new();
-        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
-    }
-
     #[test]
     fn meta_context_requests() {
-        let data = meta_data("disk", &["base:allocation", "qemu:dirty-bitmap:x"]);
+        let data = encode_meta_request("disk", &["base:allocation", "qemu:dirty-bitmap:x"]);
         let ClientOption::SetMetaContext(m) = parse_option(OPT_SET_META_CONTEXT, &data).unwrap() else { panic!("set") };
         assert_eq!(m.name, b"disk");
         assert_eq!(m.queries().collect::<Vec<_>>(), vec![&b"base:allocation"[..], b"qemu:dirty-bitmap:x"]);
         assert!(m.selects_base_allocation(false));
         let listing = |queries: &[&str], listing: bool| {
-            let data = meta_data("", queries);
+            let data = encode_meta_request("", queries);
             let (ClientOption::ListMetaContext(m) | ClientOption::SetMetaContext(m)) = parse_option(if listing { OPT_LIST_META_CONTEXT } else { OPT_SET_META_CONTEXT }, &data).unwrap() else { panic!("meta") };
             m.selects_base_allocation(listing)
         };
@@ -795,12 +797,12 @@ mod tests {
         let mut extra = data.clone();
         extra.push(0);
         assert!(parse_option(OPT_SET_META_CONTEXT, &extra).is_err(), "bytes after the queries");
-        let mut more = meta_data("disk", &["base:allocation"]);
+        let mut more = encode_meta_request("disk", &["base:allocation"]);
         more[11] = 2; // two queries announced, one sent
         assert!(parse_option(OPT_LIST_META_CONTEXT, &more).is_err());
         assert!(parse_option(OPT_SET_META_CONTEXT, &[0, 0, 0, 9, 0, 0, 0, 0]).is_err(), "name longer than data");
         assert!(parse_option(OPT_SET_META_CONTEXT, &[0; 7]).is_err());
-        let mut too_many = meta_data("", &[]);
+        let mut too_many = encode_meta_request("", &[]);
         too_many[4..8].copy_from_slice(&(META_QUERIES_MAX as u32 + 1).to_be_bytes());
         assert!(parse_option(OPT_SET_META_CONTEXT, &too_many).is_err());
         let bad_utf8 = [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0xff];

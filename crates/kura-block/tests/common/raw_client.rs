@@ -151,19 +151,6 @@ impl RawClient {
         assert_eq!(self.option_replies(proto::OPT_STRUCTURED_REPLY), vec![(proto::REP_ACK, Vec::new())]);
     }
 
-    /// `NBD_OPT_{LIST,SET}_META_CONTEXT` data: the export name and the queries.
-    pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
-        let mut d = Vec::new();
-        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
-    }
-
     /// The next structured reply chunk: (flags, type, handle, payload).
     pub fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
         let mut h = [0u8; proto::STRUCTURED_REPLY_BYTES];
