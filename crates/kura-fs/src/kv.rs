@@ -46,6 +46,9 @@ pub mod redis;
 
 use redis::RespConn;
 
+/// A value and its version, when the key has one.
+pub type Versioned = Option<(Vec<u8>, u64)>;
+
 /// When a conditional write proceeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cond {
@@ -65,6 +68,11 @@ pub trait Kv: Send + Sync {
     /// Deletes when `cond` holds (`Always`: whether or not it existed; `Absent`: nothing to
     /// delete); `false` when it did not.
     fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool>;
+    /// Several [`Kv::get_versioned`] at once: one result per key, in order (one round trip per
+    /// node where the backend allows).
+    fn get_versioned_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
+        keys.iter().map(|key| self.get_versioned(key)).collect()
+    }
     /// Gets many metadata values at once, as [`Kv::get_versioned`] would return them (without
     /// the versions); one result per key, in order.
     fn get_meta_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
@@ -213,6 +221,31 @@ impl Kv for PoolKv {
         }
     }
 
+    fn get_versioned_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
+        if self.engine.is_some() {
+            return keys.iter().map(|key| self.get_versioned(key)).collect();
+        }
+        // The keys of each node go out together on its metadata connection.
+        let mut by_node: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let node = self.pool.node_of(key);
+            let id = format!("{:?}/{}", node.backend, node.addrs[0]);
+            match by_node.iter_mut().find(|(n, _)| *n == id) {
+                Some((_, at)) => at.push(i),
+                None => by_node.push((id, vec![i])),
+            }
+        }
+        let mut out = vec![None; keys.len()];
+        for (_, at) in by_node {
+            let node_keys: Vec<&[u8]> = at.iter().map(|&i| keys[i].as_slice()).collect();
+            let values = self.with_meta(node_keys[0], |c| c.get_many(&node_keys))?;
+            for (i, value) in at.into_iter().zip(values) {
+                out[i] = value;
+            }
+        }
+        Ok(out)
+    }
+
     fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
         match &self.engine {
             Some(engine) => match engine.write(key, value, RecordKind::Put, engine_cond(cond))? {
@@ -355,6 +388,14 @@ impl SideConn {
         }
     }
 
+    /// Several gets: pipelined on memcached, one by one on Redis.
+    fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Versioned>> {
+        match self {
+            SideConn::Memcache(c) => c.get_many(keys),
+            SideConn::Redis(c) => keys.iter().map(|key| c.get(key)).collect(),
+        }
+    }
+
     fn set(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
         match self {
             SideConn::Memcache(c) => c.set(key, value, cond),
@@ -434,6 +475,36 @@ impl MetaConn {
 
     fn get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
         self.send(&[b"mg ", key, b" v c\r\n"].concat(), None)?;
+        self.read_get_reply()
+    }
+
+    /// `mg` of every key in one write, then their replies in order.
+    fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Versioned>> {
+        let mut requests = Vec::with_capacity(keys.iter().map(|k| k.len() + 10).sum());
+        for key in keys {
+            requests.extend_from_slice(b"mg ");
+            requests.extend_from_slice(key);
+            requests.extend_from_slice(b" v c\r\n");
+        }
+        self.send(&requests, None)?;
+        // Every reply is read, so that none is left for the next request, unless the
+        // connection itself broke (the caller then drops it).
+        let mut values = Vec::with_capacity(keys.len());
+        let mut first_error = None;
+        for _ in keys {
+            match self.read_get_reply() {
+                Ok(value) => values.push(value),
+                Err(e @ FsError::Io(_)) => return Err(e),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(values), Err)
+    }
+
+    /// The reply to one `mg <key> v c`.
+    fn read_get_reply(&mut self) -> Result<Option<(Vec<u8>, u64)>> {
         let line = self.read_line()?.to_owned();
         if line == "EN" {
             return Ok(None);

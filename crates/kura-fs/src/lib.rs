@@ -186,7 +186,14 @@ impl Fs {
         if config.cache_bytes_max < CACHE_BYTES_MIN || !(1..=100).contains(&config.dirty_percent) {
             return Err(FsError::Invalid);
         }
-        let sb = match kv.get_versioned(&sb_key)? {
+        // The superblock, the root and the orphan list in one round trip: every process that
+        // touches the file system starts here.
+        let mut found = kv.get_versioned_many(&[sb_key.clone(), keys.inode(ROOT_INO), keys.orphans()])?.into_iter();
+        let (sb_found, root_found, orphans_found) = match (found.next(), found.next(), found.next()) {
+            (Some(sb), Some(root), Some(orphans)) => (sb, root.is_some(), orphans),
+            _ => return Err(FsError::Io("a batched get returned too few values".into())),
+        };
+        let sb = match sb_found {
             Some((bytes, _)) => layout::Superblock::decode(&sb_key, &bytes)?,
             None => {
                 kv.put_cond(&sb_key, &wanted.encode(), Cond::Absent)?;
@@ -209,9 +216,11 @@ impl Fs {
             recent_inodes: Mutex::new(HashMap::new()),
             shared_io_lock: std::sync::OnceLock::new(),
         });
-        fs.format_if_new(owner)?;
+        if !root_found {
+            fs.format_root(owner)?;
+        }
         // Unlinked files whose last openers died (killed) are deleted by the next instance.
-        if let Err(error) = fs.sweep_orphans() {
+        if let Err(error) = fs.sweep_orphan_list(orphans_found) {
             tracing::warn!(%error, "could not sweep the orphan list");
         }
         Ok(fs)

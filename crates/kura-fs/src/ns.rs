@@ -770,14 +770,12 @@ impl Fs {
         Ok(ino)
     }
 
-    /// Formats the file system when the pool has none: superblock, root, counter.
-    pub(crate) fn format_if_new(&self, owner: Owner) -> Result<()> {
+    /// Writes the root directory of a new file system (unless another process just did).
+    pub(crate) fn format_root(&self, owner: Owner) -> Result<()> {
         let root_key = self.keys.inode(ROOT_INO);
-        if self.kv.get_versioned(&root_key)?.is_none() {
-            let mut root = Inode::new(ROOT_INO, libc::S_IFDIR | 0o755, owner.uid, owner.gid, now_ns());
-            root.parent = ROOT_INO;
-            self.kv.put_cond(&root_key, &root.encode(), Cond::Absent)?;
-        }
+        let mut root = Inode::new(ROOT_INO, libc::S_IFDIR | 0o755, owner.uid, owner.gid, now_ns());
+        root.parent = ROOT_INO;
+        self.kv.put_cond(&root_key, &root.encode(), Cond::Absent)?;
         Ok(())
     }
 

@@ -230,8 +230,14 @@ impl Fs {
     /// Deletes the orphans whose openers are all dead (processes killed while they had an
     /// unlinked file open). Returns how many were deleted.
     pub fn sweep_orphans(&self) -> Result<usize> {
+        let stored = self.kv.get_versioned(&self.keys.orphans())?;
+        self.sweep_orphan_list(stored)
+    }
+
+    /// [`Fs::sweep_orphans`] of the list as just read (`None`: there is none).
+    pub(crate) fn sweep_orphan_list(&self, stored: Option<(Vec<u8>, u64)>) -> Result<usize> {
         let key = self.keys.orphans();
-        let Some((bytes, _)) = self.kv.get_versioned(&key)? else { return Ok(0) };
+        let Some((bytes, _)) = stored else { return Ok(0) };
         let list = Orphans::decode(&key, &bytes)?;
         let me = self.opener();
         let mut deleted = 0;

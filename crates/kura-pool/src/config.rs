@@ -214,7 +214,9 @@ pub struct PoolConfig {
     pub value_size_max_bytes: usize,
     /// Default per-node connection limit (a node's `max_connections` overrides it).
     pub connections_per_node_max: usize,
-    /// Receive buffer of one connection (a reply larger than this grows it, up to one value).
+    /// Receive buffer of one connection, at its fullest under load: it starts at 16 KiB and
+    /// doubles each time a read fills it (a reply larger than this grows it further, up to
+    /// one value).
     pub read_buffer_bytes: usize,
     pub wait_timeout: Duration,
     /// Engine settings for an embedded node (its size comes from the node's `size`).

@@ -89,6 +89,9 @@ pub(crate) struct Conn {
     pub out_at: usize,
     /// End offsets in `out` of requests not yet completely sent.
     pub out_ends: VecDeque<usize>,
+    /// Receive buffer: [`INBUF_START_BYTES`] at the first read, doubled (up to the pool's
+    /// `read_buffer_bytes`) by every read that fills it. A short-lived client (a process that
+    /// reads one file of the file system) does not zero and fault in the whole buffer.
     pub inbuf: Vec<u8>,
     pub in_start: usize,
     pub in_end: usize,
@@ -212,8 +215,8 @@ impl Conn {
     /// may hold more (the read filled the space).
     pub fn read_some(&mut self, buffer_bytes: usize, buffer_max: usize, stats: &mut IoStats) -> io::Result<Option<(usize, bool)>> {
         let Some(stream) = self.stream.as_mut() else { return Ok(None) };
-        if self.inbuf.len() < buffer_bytes {
-            self.inbuf.resize(buffer_bytes, 0);
+        if self.inbuf.is_empty() {
+            self.inbuf.resize(buffer_bytes.min(INBUF_START_BYTES), 0);
         }
         if self.in_start == self.in_end {
             self.in_start = 0;
@@ -240,7 +243,12 @@ impl Conn {
                 Ok(n) => {
                     stats.recv_syscalls += 1;
                     self.in_end += n;
-                    return Ok(Some((n, n == space)));
+                    let filled = n == space;
+                    if filled && self.inbuf.len() < buffer_bytes {
+                        let grown = (self.inbuf.len() * 2).min(buffer_bytes);
+                        self.inbuf.resize(grown, 0);
+                    }
+                    return Ok(Some((n, filled)));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     stats.recv_syscalls += 1;
@@ -291,6 +299,9 @@ pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Du
     }
     Err(last)
 }
+
+/// A connection's receive buffer at its first read (see [`Conn::inbuf`]).
+pub(crate) const INBUF_START_BYTES: usize = 16 << 10;
 
 /// Longest `INFO server` reply accepted (Redis' is about 1.5 KiB).
 const INFO_REPLY_BYTES_MAX: usize = 64 << 10;

@@ -3,7 +3,6 @@
 //! aliases (`__write`, `__libc_write`, `__open64`, `__lseek64`, `__fstat64`, ...) — arrives
 //! in the handler. Handlers never call the original, so nothing else of the function is kept.
 
-use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_void};
 
 use kura_fs::elf::{DT_GNU_HASH, DT_NULL, DT_SYMTAB};
@@ -15,8 +14,6 @@ const JUMP_BYTES: usize = 14;
 const PAGE_BYTES: usize = 4096;
 /// `dladdr1`'s request for the symbol table entry.
 const RTLD_DL_SYMENT: i32 = 1;
-/// `dladdr1`'s request for the object's link map.
-const RTLD_DL_LINKMAP: i32 = 2;
 /// Symbols of one object read into [`SymbolSizes`], at most (libc has ~3,000).
 const SYMBOLS_MAX: usize = 1 << 16;
 
@@ -38,26 +35,42 @@ unsafe extern "C" {
     fn dladdr1(addr: *const c_void, info: *mut libc::Dl_info, extra: *mut *mut c_void, flags: i32) -> i32;
 }
 
-/// The sizes of some functions of one loaded object, from one pass over its dynamic symbol
-/// table. `dladdr1` scans the whole table at every call: asked for each of ~130 functions, it
-/// was 38 % of the time a preloaded `/bin/true` took.
-struct SymbolSizes(HashMap<usize, u64>);
+/// The sizes of some functions of libc, from one pass over its dynamic symbol table.
+/// `dladdr1` scans the whole table at every call: asked for each of ~130 functions, it was
+/// 38 % of the time a preloaded `/bin/true` took.
+struct SymbolSizes {
+    /// The functions' addresses, sorted, and their sizes (`None`: not seen in the table).
+    addrs: Vec<usize>,
+    sizes: Vec<Option<u64>>,
+}
+
+/// Bits of the filter that lets the pass over libc's ~3,000 symbols skip, with one test,
+/// those that are none of the ~130 functions (a binary search each was 5 % of a preloaded
+/// `cat`'s time).
+const ADDR_FILTER_BITS: usize = 4096;
+
+/// The filter's bit for a function at `addr` (functions are 16-byte aligned).
+fn filter_bit(addr: usize) -> usize {
+    (addr >> 4) % ADDR_FILTER_BITS
+}
 
 impl SymbolSizes {
-    /// The sizes of the functions at `addrs` (sorted) in the object holding the first (none
-    /// when its tables cannot be read; [`SymbolSizes::size`] then asks `dladdr1`).
-    fn of(addrs: &[usize]) -> Self {
-        let mut sizes = HashMap::with_capacity(addrs.len());
-        let Some(&any_addr) = addrs.first() else { return Self(sizes) };
-        let any_addr = any_addr as *const c_void;
+    /// The sizes of the functions at `addrs` (sorted, no duplicates) in libc (`libc_handle`);
+    /// none when its tables cannot be read ([`SymbolSizes::size`] then asks `dladdr1`).
+    fn of(libc_handle: *mut c_void, addrs: Vec<usize>) -> Self {
+        let mut sizes = vec![None; addrs.len()];
+        let mut filter = [0u64; ADDR_FILTER_BITS / 64];
+        for &addr in &addrs {
+            filter[filter_bit(addr) / 64] |= 1 << (filter_bit(addr) % 64);
+        }
         // SAFETY: the link map, dynamic section, symbol table and GNU hash table belong to a
         // loaded object (libc), which stays loaded; every read stays within the tables as
         // their own headers describe them, bounded by SYMBOLS_MAX.
         unsafe {
-            let mut info: libc::Dl_info = std::mem::zeroed();
+            // The link map straight from the handle (`dladdr1` would scan the symbols for it).
             let mut map: *mut c_void = std::ptr::null_mut();
-            if dladdr1(any_addr, &mut info, &mut map, RTLD_DL_LINKMAP) == 0 || map.is_null() {
-                return Self(sizes);
+            if libc::dlinfo(libc_handle, libc::RTLD_DI_LINKMAP, &mut map as *mut *mut c_void as *mut c_void) != 0 || map.is_null() {
+                return Self { addrs, sizes };
             }
             let map = &*(map as *const LinkMap);
             // glibc rewrites these entries as addresses when it loads an object; an offset
@@ -74,7 +87,7 @@ impl SymbolSizes {
                 dyn_entry = dyn_entry.add(1);
             }
             if symtab == 0 || gnu_hash == 0 {
-                return Self(sizes);
+                return Self { addrs, sizes };
             }
             // GNU hash: nbuckets, symoffset, bloom words, shift; the bloom filter; the buckets
             // (the first symbol of each chain); the chains (low bit set on a chain's last).
@@ -95,17 +108,24 @@ impl SymbolSizes {
             for i in 0..count.min(SYMBOLS_MAX) {
                 let sym = &*syms.add(i);
                 let addr = map.l_addr + sym.st_value as usize;
-                if sym.st_value != 0 && sym.st_shndx != 0 && addrs.binary_search(&addr).is_ok() {
-                    let size = sizes.entry(addr).or_insert(0);
-                    *size = (*size).max(sym.st_size);
+                if sym.st_value == 0 || sym.st_shndx == 0 || filter[filter_bit(addr) / 64] & (1 << (filter_bit(addr) % 64)) == 0 {
+                    continue;
+                }
+                if let Ok(at) = addrs.binary_search(&addr) {
+                    sizes[at] = Some(sizes[at].unwrap_or(0).max(sym.st_size));
                 }
             }
         }
-        Self(sizes)
+        Self { addrs, sizes }
+    }
+
+    /// The size found in the pass, if any.
+    fn found(&self, addr: *const c_void) -> Option<u64> {
+        self.addrs.binary_search(&(addr as usize)).ok().and_then(|at| self.sizes[at])
     }
 
     fn size(&self, addr: *const c_void) -> Option<u64> {
-        self.0.get(&(addr as usize)).copied().or_else(|| symbol_size(addr))
+        self.found(addr).or_else(|| symbol_size(addr))
     }
 }
 
@@ -164,24 +184,25 @@ pub fn install() -> Result<(), String> {
         return Err("libc.so.6 is not loaded".into());
     }
     let debug = std::env::var_os("KURA_FS_DEBUG").is_some();
-    let mut seen: HashSet<usize> = HashSet::new();
     let mut found: Vec<(&CStr, usize, usize)> = Vec::new();
     for (name, handler) in hooks() {
         // SAFETY: dlsym with a valid handle and NUL-terminated name.
         let addr = unsafe { libc::dlsym(libc_handle, name.as_ptr()) };
-        if !addr.is_null() && seen.insert(addr as usize) {
+        if !addr.is_null() {
             found.push((name, addr as usize, handler));
         }
     }
-    let mut addrs: Vec<usize> = found.iter().map(|f| f.1).collect();
-    addrs.sort_unstable();
-    let sizes = SymbolSizes::of(&addrs);
+    // Once per code address (aliases share one), the first name listed winning (a stable sort
+    // keeps their order).
+    found.sort_by_key(|f| f.1);
+    found.dedup_by_key(|f| f.1);
+    let sizes = SymbolSizes::of(libc_handle, found.iter().map(|f| f.1).collect());
     let mut targets: Vec<(usize, usize)> = Vec::new();
     let mut skipped = Vec::new();
     for (name, addr, handler) in found {
         let addr = addr as *const c_void;
         if debug {
-            let (one_pass, asked) = (sizes.0.get(&(addr as usize)).copied(), symbol_size(addr));
+            let (one_pass, asked) = (sizes.found(addr), symbol_size(addr));
             if one_pass != asked {
                 crate::hooks::complain(&format!("libkura_fs: {} has size {one_pass:?} in one pass over the symbols, {asked:?} from dladdr1", name.to_string_lossy()));
             }

@@ -1,0 +1,90 @@
+//! [`PoolKv`]'s metadata calls on real memcached servers (`memcached://` nodes): a batch of
+//! versioned gets spread over two nodes goes out pipelined, one write per node, and answers
+//! exactly as the same gets one by one — values, versions, missing keys — and the
+//! connection stays usable after it. Without `memcached` the test skips.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kura_fs::{Cond, Fs, FsConfig, Kv, Owner, PoolKv};
+use kura_pool::{Pool, PoolConfig};
+use kura_testkit::{ChildGuard, require_cmd, spawn_listening};
+
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A memcached on a free port; killed when dropped.
+fn memcached() -> Option<(ChildGuard, u16)> {
+    let bin = match require_cmd("memcached") {
+        Ok(bin) => bin,
+        Err(reason) => {
+            kura_testkit::skip(&reason);
+            return None;
+        }
+    };
+    let started = spawn_listening("memcached", START_TIMEOUT, |port| {
+        let mut cmd = Command::new(&bin);
+        cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    });
+    Some(started.expect("start memcached"))
+}
+
+#[test]
+fn batched_versioned_gets_over_two_nodes_match_single_gets() {
+    let (Some(a), Some(b)) = (memcached(), memcached()) else { return };
+    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
+    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
+    let kv = PoolKv::new(pool).expect("memcached nodes are accepted");
+    // Every third key is never written; the others hold values of growing length (up to one
+    // larger than the metadata connection's read buffer).
+    let keys: Vec<Vec<u8>> = (0..300).map(|i| format!("batch/key/{i}").into_bytes()).collect();
+    for (i, key) in keys.iter().enumerate().filter(|(i, _)| i % 3 != 0) {
+        let value = vec![i as u8; i * 40];
+        kv.put_cond(key, &value, Cond::Always).expect("put").expect("an unconditional put is written");
+    }
+    let nodes: std::collections::HashSet<_> = keys.iter().map(|k| kv.pool().node_of(k).addrs[0].clone()).collect();
+    assert_eq!(nodes.len(), 2, "the keys are spread over both nodes");
+    let batched = kv.get_versioned_many(&keys).expect("batched get");
+    let single: Vec<_> = keys.iter().map(|k| kv.get_versioned(k).expect("get")).collect();
+    assert_eq!(batched, single);
+    for (i, got) in batched.iter().enumerate() {
+        match got {
+            None => assert_eq!(i % 3, 0, "key {i} is missing"),
+            Some((value, version)) => {
+                assert_ne!(i % 3, 0, "key {i} was never written");
+                assert_eq!(value, &vec![i as u8; i * 40]);
+                assert_ne!(*version, 0);
+            }
+        }
+    }
+    // The versions are the ones a compare-and-swap takes.
+    let (key, (_, version)) = keys.iter().zip(&batched).find_map(|(k, v)| Some((k, v.clone()?))).expect("a stored key");
+    assert!(kv.put_cond(key, b"new", Cond::Version(version)).expect("cas").is_some());
+    assert!(kv.put_cond(key, b"newer", Cond::Version(version)).expect("cas").is_none(), "a stale version fails");
+    assert!(kv.get_versioned_many(&[]).expect("an empty batch").is_empty());
+}
+
+#[test]
+fn a_file_system_opens_and_formats_through_batched_gets() {
+    let (Some(a), Some(b)) = (memcached(), memcached()) else { return };
+    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
+    let open = || {
+        let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
+        let kv = Arc::new(PoolKv::new(pool).expect("memcached nodes are accepted"));
+        Fs::open(kv, FsConfig { name: "batched".into(), ..FsConfig::default() }, Owner { uid: 1000, gid: 1000 }).expect("open")
+    };
+    let fs = open();
+    let root = fs.getattr(kura_fs::ROOT_INO).expect("the new file system has a root");
+    assert_eq!(root.mode & libc::S_IFMT, libc::S_IFDIR);
+    assert_eq!((root.uid, root.gid), (1000, 1000));
+    fs.create(kura_fs::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", Owner { uid: 1000, gid: 1000 }, true).expect("create");
+    drop(fs);
+    // A second process: the existing root is kept, not formatted again.
+    let again = open();
+    let names: Vec<_> = again.readdir(kura_fs::ROOT_INO).expect("readdir").into_iter().map(|e| e.name).filter(|n| n != b"." && n != b"..").collect();
+    assert_eq!(names, vec![b"f".to_vec()]);
+}
