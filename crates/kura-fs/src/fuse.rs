@@ -391,8 +391,10 @@ impl Filesystem for KuraFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
-        reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namelen as u32, s.f_frsize as u32);
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namelen as u32, s.f_frsize as u32),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     // The kernel checked the caller (`xattr_permission`, with `default_permissions`) before

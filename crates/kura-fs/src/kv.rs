@@ -86,6 +86,39 @@ pub trait Kv: Send + Sync {
     fn delete_many(&self, keys: &[Vec<u8>]) -> Result<()>;
     /// A durability barrier over every write acknowledged before it.
     fn flush(&self) -> Result<()>;
+    /// The pool's room as its nodes report it (`statfs`); `None` when they cannot tell.
+    fn space(&self) -> Result<Option<PoolSpace>> {
+        Ok(None)
+    }
+}
+
+/// How much the pool holds and has room for, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpace {
+    /// Every node's capacity, summed.
+    pub total_bytes: u64,
+    /// Every node's unused capacity, summed.
+    pub free_bytes: u64,
+    /// What can be written before the first node is full: keys spread over the nodes by
+    /// weight, so the node with the least room for its share ends the writes.
+    pub available_bytes: u64,
+}
+
+impl PoolSpace {
+    /// The pool's room from each node's `(capacity, used, weight)`.
+    pub fn of_nodes(nodes: &[(u64, u64, u32)]) -> Self {
+        let total_bytes = nodes.iter().map(|n| n.0).sum();
+        let free_bytes = nodes.iter().map(|n| n.0.saturating_sub(n.1)).sum();
+        let weights: u64 = nodes.iter().map(|n| u64::from(n.2)).sum();
+        let available_bytes = nodes
+            .iter()
+            .filter(|n| n.2 > 0)
+            .map(|&(capacity, used, weight)| (u128::from(capacity.saturating_sub(used)) * u128::from(weights) / u128::from(weight)).min(u128::from(u64::MAX)) as u64)
+            .min()
+            .unwrap_or(0)
+            .min(free_bytes);
+        Self { total_bytes, free_bytes, available_bytes }
+    }
 }
 
 /// How long a metadata connection waits to connect, and for an answer.
@@ -93,6 +126,8 @@ const META_CONNECT_TIMEOUT_MS: u64 = 1000;
 const META_IO_TIMEOUT_MS: u64 = 5000;
 /// Largest value a metadata reply may carry (a directory bucket or inode).
 const META_VALUE_BYTES_MAX: usize = 1 << 20;
+/// Lines of a `stats` reply read, at most (memcached 1.6 sends about 90).
+const STATS_LINES_MAX: usize = 1000;
 
 /// Distinguishes pools, for the per-thread state.
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -174,7 +209,11 @@ impl PoolKv {
     /// Runs `f` with this thread's metadata connection to the node `key` is placed on (made on
     /// first use, again after a fork, and again after an I/O error).
     fn with_meta<T>(&self, key: &[u8], f: impl FnOnce(&mut SideConn) -> Result<T>) -> Result<T> {
-        let node = self.pool.node_of(key);
+        self.with_meta_node(self.pool.node_of(key), f)
+    }
+
+    /// [`PoolKv::with_meta`] for a node named directly.
+    fn with_meta_node<T>(&self, node: &NodeSpec, f: impl FnOnce(&mut SideConn) -> Result<T>) -> Result<T> {
         let id = format!("{:?}/{}", node.backend, node.addrs[0]);
         let value_max = self.pool.config().value_size_max_bytes;
         let pid = crate::process_id();
@@ -359,6 +398,21 @@ impl Kv for PoolKv {
     fn flush(&self) -> Result<()> {
         self.with_context(|ctx| Ok(ctx.flush()?))
     }
+
+    fn space(&self) -> Result<Option<PoolSpace>> {
+        if let Some(engine) = &self.engine {
+            let stats = engine.stats();
+            return Ok(Some(PoolSpace::of_nodes(&[(stats.capacity_bytes, stats.bytes_live_estimate, 1)])));
+        }
+        let mut nodes = Vec::new();
+        for node in &self.pool.config().nodes {
+            match self.with_meta_node(node, SideConn::space)? {
+                Some((capacity, used)) => nodes.push((capacity, used, node.weight)),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(PoolSpace::of_nodes(&nodes)))
+    }
 }
 
 /// Deletes one call keeps in flight.
@@ -385,6 +439,16 @@ impl SideConn {
         match self {
             SideConn::Memcache(c) => c.get(key),
             SideConn::Redis(c) => c.get(key),
+        }
+    }
+
+    /// The node's `(capacity, used)` bytes: memcached's and kura's `limit_maxbytes` and
+    /// `bytes`, Redis' `maxmemory` (or, without a limit, the machine's memory) and
+    /// `used_memory`; `None` when it does not say.
+    fn space(&mut self) -> Result<Option<(u64, u64)>> {
+        match self {
+            SideConn::Memcache(c) => c.space(),
+            SideConn::Redis(c) => c.space(),
         }
     }
 
@@ -478,6 +542,26 @@ impl MetaConn {
         self.read_get_reply()
     }
 
+    /// `limit_maxbytes` and `bytes` from `stats`.
+    fn space(&mut self) -> Result<Option<(u64, u64)>> {
+        self.send(b"stats\r\n", None)?;
+        let (mut capacity, mut used) = (None, None);
+        for _ in 0..STATS_LINES_MAX {
+            let line = self.read_line()?.to_owned();
+            if line == "END" {
+                return Ok(capacity.zip(used));
+            }
+            let mut words = line.split(' ');
+            match (words.next(), words.next(), words.next()) {
+                (Some("STAT"), Some("limit_maxbytes"), Some(v)) => capacity = v.parse().ok(),
+                (Some("STAT"), Some("bytes"), Some(v)) => used = v.parse().ok(),
+                (Some("STAT"), Some(_), _) => {}
+                _ => return Err(FsError::Io(format!("{}: unexpected line in stats: {line:?}", self.node))),
+            }
+        }
+        Err(FsError::Io(format!("{}: stats longer than {STATS_LINES_MAX} lines", self.node)))
+    }
+
     /// `mg` of every key in one write, then their replies in order.
     fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Versioned>> {
         let mut requests = Vec::with_capacity(keys.iter().map(|k| k.len() + 10).sum());
@@ -563,4 +647,22 @@ impl MetaConn {
 
 fn cas_flag<'a>(mut words: impl Iterator<Item = &'a str>) -> Option<u64> {
     words.find_map(|w| w.strip_prefix('c').and_then(|v| v.parse().ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PoolSpace;
+
+    #[test]
+    fn pool_space_sums_the_nodes_and_the_fullest_share_ends_the_writes() {
+        // One node: what it has.
+        assert_eq!(PoolSpace::of_nodes(&[(100, 30, 1)]), PoolSpace { total_bytes: 100, free_bytes: 70, available_bytes: 70 });
+        // Equal weights: the node with 10 free takes half the writes, so 20 can be written.
+        assert_eq!(PoolSpace::of_nodes(&[(100, 30, 1), (50, 40, 1)]), PoolSpace { total_bytes: 150, free_bytes: 80, available_bytes: 20 });
+        // Weight 3 to 1: the big node takes three quarters; 60 free there lasts for 80.
+        assert_eq!(PoolSpace::of_nodes(&[(100, 40, 3), (100, 0, 1)]), PoolSpace { total_bytes: 200, free_bytes: 160, available_bytes: 80 });
+        // Never more than is free, and a node over its limit (memcached counts loosely) has none.
+        assert_eq!(PoolSpace::of_nodes(&[(100, 120, 1), (100, 0, 1)]).available_bytes, 0);
+        assert_eq!(PoolSpace::of_nodes(&[]), PoolSpace { total_bytes: 0, free_bytes: 0, available_bytes: 0 });
+    }
 }

@@ -43,7 +43,7 @@ use crate::sync::Mutex;
 
 pub use cache::{Node, SharedIoGuard, WriteMode, WritebackPause};
 pub use error::{FsError, Result};
-pub use kv::{Cond, Kv, PoolKv};
+pub use kv::{Cond, Kv, PoolKv, PoolSpace};
 pub use layout::{DirEntry, Inode, ROOT_INO};
 pub use ns::{Owner, RenameFlags, SetAttr};
 pub use xattr::XattrFlags;
@@ -172,6 +172,8 @@ pub struct Fs {
     pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64)>>,
     /// `config.shared_io_lock_path` opened (at its first use; `None` inside when it cannot be).
     pub(crate) shared_io_lock: std::sync::OnceLock<Option<std::os::fd::OwnedFd>>,
+    /// The pool's room as `statfs` last looked it up, and when.
+    pub(crate) space_cache: Mutex<Option<(std::time::Instant, Option<kv::PoolSpace>)>>,
 }
 
 impl Fs {
@@ -215,6 +217,7 @@ impl Fs {
             opener: Mutex::new(None),
             recent_inodes: Mutex::new(HashMap::new()),
             shared_io_lock: std::sync::OnceLock::new(),
+            space_cache: Mutex::new(None),
         });
         if !root_found {
             fs.format_root(owner)?;

@@ -779,24 +779,45 @@ impl Fs {
         Ok(())
     }
 
-    /// File system totals for `statfs` (the pool does not report its capacity: these are
-    /// large constants, as network file systems report).
-    pub fn statfs(&self) -> libc::statfs {
+    /// File system totals for `statfs`: the pool's capacity, free and available room as its
+    /// nodes report them (looked up at most every [`STATFS_CACHE_MS`]), in chunks; a pool
+    /// whose nodes do not say gets large constants, as network file systems report.
+    pub fn statfs(&self) -> Result<libc::statfs> {
+        let space = {
+            let mut cached = self.space_cache.lock();
+            match *cached {
+                Some((at, space)) if at.elapsed() < std::time::Duration::from_millis(STATFS_CACHE_MS) => space,
+                _ => {
+                    let space = self.kv.space()?;
+                    *cached = Some((std::time::Instant::now(), space));
+                    space
+                }
+            }
+        };
+        let chunk = self.chunk as u64;
+        let (blocks, free, available) = match space {
+            Some(space) => (space.total_bytes / chunk, space.free_bytes / chunk, space.available_bytes / chunk),
+            None => (STATFS_BYTES / chunk, STATFS_BYTES / chunk / 2, STATFS_BYTES / chunk / 2),
+        };
         // SAFETY: statfs is plain old data; all zeroes is a valid value.
         let mut s: libc::statfs = unsafe { std::mem::zeroed() };
         s.f_type = KURA_FS_MAGIC;
         s.f_bsize = self.chunk as _;
         s.f_frsize = self.chunk as _;
-        s.f_blocks = STATFS_BYTES / self.chunk as u64;
-        s.f_bfree = s.f_blocks / 2;
-        s.f_bavail = s.f_blocks / 2;
-        s.f_files = STATFS_FILES;
-        s.f_ffree = STATFS_FILES / 2;
+        s.f_blocks = blocks;
+        s.f_bfree = free;
+        s.f_bavail = available;
+        // No inode table: as btrfs, report no inode counts when the room is known (`df -i`
+        // shows none); an inode is a record in the same room as the data.
+        s.f_files = if space.is_some() { 0 } else { STATFS_FILES };
+        s.f_ffree = if space.is_some() { 0 } else { STATFS_FILES / 2 };
         s.f_namelen = crate::layout::NAME_BYTES_MAX as _;
-        s
+        Ok(s)
     }
 }
 
+/// How long `statfs` answers from the pool's room as last looked up.
+pub const STATFS_CACHE_MS: u64 = 1000;
 /// `statfs` `f_type` of a kura file system ("kura" in ASCII).
 pub const KURA_FS_MAGIC: libc::__fsword_t = 0x6b75_7261;
 const STATFS_BYTES: u64 = 1 << 40;

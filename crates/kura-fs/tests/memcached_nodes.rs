@@ -1,7 +1,8 @@
 //! [`PoolKv`]'s metadata calls on real memcached servers (`memcached://` nodes): a batch of
 //! versioned gets spread over two nodes goes out pipelined, one write per node, and answers
 //! exactly as the same gets one by one — values, versions, missing keys — and the
-//! connection stays usable after it. Without `memcached` the test skips.
+//! connection stays usable after it; `statfs` reports the nodes' room (`limit_maxbytes`,
+//! `bytes`). Without `memcached` the tests skip.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -13,8 +14,12 @@ use kura_testkit::{ChildGuard, require_cmd, spawn_listening};
 
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A memcached on a free port; killed when dropped.
+/// A memcached with 64 MiB on a free port; killed when dropped.
 fn memcached() -> Option<(ChildGuard, u16)> {
+    memcached_with_mb(64)
+}
+
+fn memcached_with_mb(memory_mb: u32) -> Option<(ChildGuard, u16)> {
     let bin = match require_cmd("memcached") {
         Ok(bin) => bin,
         Err(reason) => {
@@ -24,7 +29,7 @@ fn memcached() -> Option<(ChildGuard, u16)> {
     };
     let started = spawn_listening("memcached", START_TIMEOUT, |port| {
         let mut cmd = Command::new(&bin);
-        cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root"])
+        cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-m", &memory_mb.to_string(), "-u", "root"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -87,4 +92,24 @@ fn a_file_system_opens_and_formats_through_batched_gets() {
     let again = open();
     let names: Vec<_> = again.readdir(kura_fs::ROOT_INO).expect("readdir").into_iter().map(|e| e.name).filter(|n| n != b"." && n != b"..").collect();
     assert_eq!(names, vec![b"f".to_vec()]);
+}
+
+#[test]
+fn statfs_reports_the_room_of_the_nodes() {
+    let (Some(a), Some(b)) = (memcached_with_mb(64), memcached_with_mb(32)) else { return };
+    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
+    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
+    let kv = Arc::new(PoolKv::new(pool).expect("memcached nodes are accepted"));
+    let fs = Fs::open(kv, FsConfig { name: "space".into(), ..FsConfig::default() }, Owner { uid: 0, gid: 0 }).expect("open");
+    let s = fs.statfs().expect("statfs");
+    let chunk = s.f_frsize as u64;
+    assert_eq!(s.f_blocks * chunk, 96 << 20, "both nodes' -m, summed");
+    assert!(s.f_bfree <= s.f_blocks && s.f_bfree * chunk > 95 << 20, "almost all free: {} of {}", s.f_bfree, s.f_blocks);
+    // Keys spread evenly: the 32 MiB node is full when 64 MiB are written.
+    assert!(s.f_bavail * chunk <= 64 << 20 && s.f_bavail * chunk > 63 << 20, "available {} chunks", s.f_bavail);
+    assert_eq!((s.f_files, s.f_ffree), (0, 0));
+    // A memcached that is gone: statfs (looked up again after the cache's second) is an error.
+    drop(b);
+    std::thread::sleep(Duration::from_millis(kura_fs::ns::STATFS_CACHE_MS + 100));
+    assert!(fs.statfs().is_err(), "a node that does not answer fails statfs");
 }

@@ -243,6 +243,23 @@ fn namespace_operations_on_one_redis_node() {
     assert_eq!(left, ["kfs/one/i/1", "kfs/one/next", "kfs/one/sb"]);
 }
 
+/// `statfs` reports a redis-server's `maxmemory` as the capacity and its `used_memory` as used.
+#[test]
+fn statfs_reports_maxmemory_and_used_memory() {
+    let node = match Redis::start(&["--maxmemory", "100mb"]) {
+        Ok(node) => node,
+        Err(reason) => return kura_testkit::skip(&reason),
+    };
+    let fs = open_fs(&[node.url()], "space");
+    let s = fs.statfs().expect("statfs");
+    let chunk = s.f_frsize as u64;
+    assert_eq!(s.f_blocks * chunk, 100 << 20, "maxmemory");
+    let used: u64 = cli(node.port, &["INFO", "memory"]).lines().find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok()).expect("used_memory");
+    let free = (100u64 << 20) - used;
+    // used_memory moves a little between the two looks.
+    assert!(s.f_bfree * chunk <= free + (1 << 20) && s.f_bfree * chunk + (1 << 20) >= free, "free {} chunks, used_memory {used}", s.f_bfree);
+}
+
 /// Two nodes: keys spread over both by consistent hashing; metadata values carry the version
 /// prefix on whichever node holds them, chunks are stored as they are.
 #[test]

@@ -2207,8 +2207,9 @@ extern "C" fn h_statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
         };
         path_op(libc::AT_FDCWD, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, true)? {
             Resolved::Found { .. } => {
+                let s = fs.statfs().map_err(fs_errno)?;
                 // SAFETY: the caller's buffer is a struct statfs.
-                unsafe { *buf = fs.statfs() };
+                unsafe { *buf = s };
                 Ok(0)
             }
             Resolved::Missing { .. } => Err(libc::ENOENT),
@@ -2223,8 +2224,9 @@ extern "C" fn h_fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
             && state.fds.contains(fd)
         {
             return ret_int(with_fs(state, |fs| {
+                let s = fs.statfs().map_err(fs_errno)?;
                 // SAFETY: the caller's buffer is a struct statfs.
-                unsafe { *buf = fs.statfs() };
+                unsafe { *buf = s };
                 Ok(0)
             }));
         }

@@ -598,6 +598,29 @@ fn seek_data_and_hole_as_on_the_kernel() {
     python_as_on_the_kernel(&env, "seek_holes.py", &holes_kept, &qemu_img_map);
 }
 
+/// `df` and `statvfs` of the mount report the pool's room: the store's capacity (`--store-size`
+/// 2G), and less available after 64 MiB are written (a new process looks it up again);
+/// `df -i` shows no inode counts, as on btrfs. They were constants (1 TiB, half free).
+#[test]
+fn df_reports_the_pools_room() {
+    let env = Env::new();
+    let statvfs = "python3 -c 'import os; s = os.statvfs(\"/kura\"); print(s.f_blocks * s.f_frsize, s.f_bfree * s.f_frsize, s.f_bavail * s.f_frsize, s.f_files, s.f_ffree)'";
+    let numbers = |out: &str| -> Vec<u64> { out.split_whitespace().map(|w| w.parse().expect("a number")).collect() };
+    let before = numbers(&env.sh(statvfs));
+    let (total, free, available) = (before[0], before[1], before[2]);
+    assert!((1_900_000_000..=2_147_483_648).contains(&total), "the 2G store's capacity: {before:?}");
+    assert!(free <= total && available <= free && available > total / 2, "{before:?}");
+    assert_eq!(&before[3..], &[0, 0], "no inode counts: {before:?}");
+    env.sh("head -c 67108864 /dev/zero | tr '\\0' x > /kura/big && sync /kura/big");
+    let after = numbers(&env.sh(statvfs));
+    assert_eq!(after[0], total, "the capacity stays: {after:?}");
+    assert!(available - after[2] >= 60 << 20, "64 MiB written take room: {before:?} then {after:?}");
+    let df = env.sh("df -B1 --output=size,avail /kura | tail -1");
+    assert_eq!(numbers(&df)[0], total, "df shows the capacity: {df}");
+    let df_i = env.sh("df --output=itotal,iused,iavail /kura | tail -1");
+    assert_eq!(numbers(&df_i), vec![0, 0, 0], "df's inode columns: {df_i}");
+}
+
 /// Relative paths from a host directory into the mount: from the working directory (`cd /;
 /// cat kura/f`, `../kura/f` from `/tmp`) and from a kernel directory descriptor (`openat` of
 /// `kura/f` from `/`, as rsync walks its destination). They went to the kernel: ENOENT.

@@ -192,6 +192,16 @@ impl RespConn {
         }
     }
 
+    /// `(maxmemory, used_memory)` from `INFO memory`; without a `maxmemory`, the machine's
+    /// memory (`total_system_memory`) is the limit.
+    pub(crate) fn space(&mut self) -> Result<Option<(u64, u64)>> {
+        let text = match self.request(&[b"INFO", b"memory"])? {
+            Reply::Bulk(text) => text,
+            other => return Err(self.unexpected("INFO memory", &other)),
+        };
+        Ok(parse_info_space(&String::from_utf8_lossy(&text)))
+    }
+
     pub(crate) fn get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
         match self.request(&[b"GET", key])? {
             Reply::Nil => Ok(None),
@@ -305,8 +315,29 @@ fn owned(reply: Resp<'_>) -> Reply {
     }
 }
 
+
+/// `(capacity, used)` from the text of `INFO memory`.
+fn parse_info_space(info: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse::<u64>().ok());
+    let used = field("used_memory")?;
+    let capacity = match field("maxmemory")? {
+        0 => field("total_system_memory")?,
+        limit => limit,
+    };
+    Some((capacity, used))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn info_memory_gives_the_limit_or_the_machines_memory() {
+        let limited = "# Memory\r\nused_memory:1048576\r\nused_memory_human:1.00M\r\ntotal_system_memory:8000000000\r\nmaxmemory:104857600\r\n";
+        assert_eq!(super::parse_info_space(limited), Some((104_857_600, 1_048_576)));
+        let unlimited = "used_memory:2048\r\nmaxmemory:0\r\ntotal_system_memory:8000000000\r\n";
+        assert_eq!(super::parse_info_space(unlimited), Some((8_000_000_000, 2048)));
+        assert_eq!(super::parse_info_space("used_memory:1\r\n"), None);
+    }
+
     use super::*;
 
     #[test]
