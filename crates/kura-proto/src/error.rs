@@ -53,6 +53,8 @@ pub enum ErrorKind {
     InvalidInitial,
     /// Meta: a bad `D` (delta) token.
     InvalidDelta,
+    /// `lru_crawler sleep` above 1,000,000 microseconds.
+    CrawlerSleepTooLong,
 }
 
 impl ErrorKind {
@@ -84,6 +86,7 @@ impl ErrorKind {
             Self::KeyDecode => "CLIENT_ERROR error decoding key",
             Self::InvalidInitial => "CLIENT_ERROR invalid numeric initial value",
             Self::InvalidDelta => "CLIENT_ERROR invalid numeric delta value",
+            Self::CrawlerSleepTooLong => "CLIENT_ERROR sleep must be one second or less",
         }
     }
 }

@@ -5,7 +5,7 @@
 use crate::encode::{push_i64, push_u64};
 use crate::lex::Tokens;
 use crate::meta::{ArithmeticOp, MetaFlag, MetaFlags};
-use crate::request::{MetadumpClasses, Request, ShutdownMode, Storage};
+use crate::request::{CrawlerCommand, MetadumpClasses, Request, ShutdownMode, Storage};
 
 const CRLF: &[u8] = b"\r\n";
 
@@ -35,23 +35,46 @@ pub fn render_request(out: &mut Vec<u8>, request: &Request<'_>) {
             out.extend_from_slice(set.data);
         }
         Request::Metadump(classes) => {
-            let spec = match classes {
-                MetadumpClasses::All => b"all".to_vec(),
-                MetadumpClasses::Hash => b"hash".to_vec(),
-                MetadumpClasses::Classes(bits) => (1..=MetadumpClasses::CLASS_MAX)
-                    .filter(|&c| bits & (1 << c) != 0)
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-                    .into_bytes(),
-                MetadumpClasses::Invalid => b"0".to_vec(),
-            };
             out.extend_from_slice(b"lru_crawler metadump ");
-            out.extend_from_slice(&spec);
+            out.extend_from_slice(&classes_spec(classes));
+        }
+        Request::LruCrawler(command) => {
+            out.extend_from_slice(b"lru_crawler ");
+            match command {
+                CrawlerCommand::Crawl(classes) => {
+                    out.extend_from_slice(b"crawl ");
+                    out.extend_from_slice(&classes_spec(classes));
+                }
+                CrawlerCommand::Enable => out.extend_from_slice(b"enable"),
+                CrawlerCommand::Disable => out.extend_from_slice(b"disable"),
+                CrawlerCommand::Sleep(us) => {
+                    out.extend_from_slice(b"sleep ");
+                    push_u64(out, u64::from(*us));
+                }
+                CrawlerCommand::ToCrawl(items) => {
+                    out.extend_from_slice(b"tocrawl ");
+                    push_u64(out, u64::from(*items));
+                }
+            }
         }
         other => render_simple(out, other),
     }
     out.extend_from_slice(CRLF);
+}
+
+/// The classes argument of `lru_crawler metadump` and `crawl`.
+fn classes_spec(classes: &MetadumpClasses) -> Vec<u8> {
+    match classes {
+        MetadumpClasses::All => b"all".to_vec(),
+        MetadumpClasses::Hash => b"hash".to_vec(),
+        MetadumpClasses::Classes(bits) => (1..=MetadumpClasses::CLASS_MAX)
+            .filter(|&c| bits & (1 << c) != 0)
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+            .into_bytes(),
+        MetadumpClasses::Invalid => b"0".to_vec(),
+    }
 }
 
 /// Commands that are a name, fixed arguments and maybe `noreply`.
@@ -123,6 +146,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
         | Request::Retrieval(_)
         | Request::Stats { .. }
         | Request::Metadump(_)
+        | Request::LruCrawler(_)
         | Request::MetaGet(_)
         | Request::MetaSet(_)
         | Request::MetaDelete(_)

@@ -72,6 +72,8 @@ pub enum Request<'a> {
     Shutdown(ShutdownMode),
     /// `lru_crawler metadump <classes>`: one line per item, then `END`.
     Metadump(MetadumpClasses),
+    /// The other `lru_crawler` commands.
+    LruCrawler(CrawlerCommand),
     /// `cache_memlimit <megabytes> [noreply]`.
     CacheMemlimit {
         /// New memory limit, in MiB.
@@ -236,6 +238,23 @@ pub enum ShutdownMode {
     /// Anything else; memcached (when shutdown is enabled) replies
     /// `CLIENT_ERROR invalid shutdown mode`.
     Invalid,
+}
+
+/// `lru_crawler crawl|enable|disable|sleep|tocrawl`, as memcached 1.6 takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrawlerCommand {
+    /// `crawl <classes>`: reclaim the expired items of these classes (memcached answers
+    /// `BADCLASS invalid class id` for bad ones, and an error for `hash`).
+    Crawl(MetadumpClasses),
+    /// `enable`: memcached answers `ERROR failed to start lru crawler thread` when it runs.
+    Enable,
+    /// `disable`.
+    Disable,
+    /// `sleep <microseconds>` (at most a second) between batches of items.
+    Sleep(u32),
+    /// `tocrawl <items>`: items looked at per class and crawl, at most (0: all). As
+    /// memcached, a number above `u32::MAX` keeps its low 32 bits.
+    ToCrawl(u32),
 }
 
 /// Which items `lru_crawler metadump` lists, by memcached's slab class.

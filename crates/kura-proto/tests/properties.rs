@@ -7,7 +7,7 @@
 
 use kura_proto::{
     ArithmeticOp, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, Parsed, ParserLimits,
-    MetadumpClasses, Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage,
+    CrawlerCommand, MetadumpClasses, Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage,
     StorageCommand,
     Tokens, encode_base64, parse, render_request,
 };
@@ -395,6 +395,15 @@ fn classic_spec() -> impl Strategy<Value = Spec> {
             Request::Metadump(MetadumpClasses::All),
             Request::Metadump(MetadumpClasses::Hash),
             Request::Metadump(MetadumpClasses::Invalid),
+            Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::All)),
+            Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::Hash)),
+            Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::Invalid)),
+            Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::Classes(0b1010))),
+            Request::LruCrawler(CrawlerCommand::Enable),
+            Request::LruCrawler(CrawlerCommand::Disable),
+            Request::LruCrawler(CrawlerCommand::Sleep(0)),
+            Request::LruCrawler(CrawlerCommand::Sleep(1_000_000)),
+            Request::LruCrawler(CrawlerCommand::ToCrawl(u32::MAX)),
         ])
         .prop_map(Spec::Fixed),
         (1u64..u64::MAX).prop_map(|bits| Spec::Fixed(Request::Metadump(MetadumpClasses::Classes((bits & !1).max(2))))),

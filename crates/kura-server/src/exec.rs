@@ -193,7 +193,12 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         Request::Quit => return Flow::Close,
         Request::Stats { args } => stats(ctx, args.first(), args.len()),
         Request::Shutdown(_) => ctx.out.push_bytes(SHUTDOWN_DISABLED),
+        Request::Metadump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::Crawler::disabled_reply()),
         Request::Metadump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
+        Request::LruCrawler(command) => {
+            let reply = ctx.sources.crawler.command(command);
+            ctx.out.push_bytes(reply);
+        }
         Request::Metadump(classes) => *ctx.metadump = Some(classes),
         Request::CacheMemlimit { limit_mb, noreply } => {
             if limit_mb < CACHE_MEMLIMIT_MB_MIN {
@@ -222,7 +227,13 @@ fn reply(ctx: &mut Ctx<'_>, reply: Reply, noreply: bool) {
 
 fn server_error(ctx: &mut Ctx<'_>, error: &StoreError, noreply: bool) {
     bump(&ctx.stats.server_errors);
-    if !matches!(error, StoreError::TooLarge | StoreError::OutOfMemory) {
+    let full = matches!(error, StoreError::Engine(kura_engine::Error::StoreFull { .. }));
+    if full {
+        // Expired items may be what fills it.
+        ctx.sources.crawler.store_full();
+    }
+    // A full store (store mode) is the client's answer, not the server's trouble.
+    if !full && !matches!(error, StoreError::TooLarge | StoreError::OutOfMemory) {
         tracing::warn!(%error, "command failed");
     }
     if !noreply {

@@ -40,6 +40,7 @@ pub mod cache;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod crawler;
 pub mod exec;
 pub mod heap;
 pub mod metadump;

@@ -129,6 +129,7 @@ impl Server {
                 conns: Arc::clone(&conns),
                 workers: worker_stats.clone(),
                 store: Arc::clone(&store),
+                crawler: Arc::new(crate::crawler::Crawler::new(Arc::clone(&store), Arc::clone(&conns))),
             },
             store,
             conns,
@@ -235,6 +236,7 @@ impl Server {
         if let Some(handle) = self.metrics.take() {
             failed |= handle.join().is_err();
         }
+        self.shared.sources.crawler.stop();
         self.shared
             .store
             .engine()

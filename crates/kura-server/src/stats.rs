@@ -49,8 +49,8 @@ pub struct ConnStats {
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub idle_kicks: AtomicU64,
-    /// An `lru_crawler metadump` is running (one at a time in the server, as memcached's
-    /// crawler); dumps started.
+    /// An `lru_crawler metadump` or `crawl` is running (one at a time in the server, as
+    /// memcached's crawler); jobs started.
     pub lru_crawler_running: Arc<std::sync::atomic::AtomicBool>,
     pub lru_crawler_starts: AtomicU64,
 }
@@ -85,6 +85,8 @@ pub struct StatsSources {
     pub conns: Arc<ConnStats>,
     pub workers: Vec<Arc<WorkerStats>>,
     pub store: Arc<Store>,
+    /// `lru_crawler crawl` and the other crawler commands (its counters and settings).
+    pub crawler: Arc<crate::crawler::Crawler>,
 }
 
 pub const VERSION: &str = concat!("1.6.18-kura-", env!("CARGO_PKG_VERSION"));
@@ -179,13 +181,23 @@ impl StatsSources {
             ("limit_maxbytes", U64(engine.capacity_bytes)),
             ("accepting_conns", U64(1)),
             ("idle_kicks", U64(load(&self.conns.idle_kicks))),
-            ("lru_crawler_running", U64(u64::from(self.conns.lru_crawler_running.load(Ordering::Relaxed)))),
-            ("lru_crawler_starts", U64(load(&self.conns.lru_crawler_starts))),
             ("threads", U64(self.info.threads as u64)),
+        ]);
+        if self.crawler.enabled() {
+            // memcached lists these only while its crawler is enabled.
+            out.extend([
+                ("lru_crawler_running", U64(u64::from(self.conns.lru_crawler_running.load(Ordering::Relaxed)))),
+                ("lru_crawler_starts", U64(load(&self.conns.lru_crawler_starts))),
+            ]);
+        }
+        let (crawler_items_checked, crawler_reclaimed) = self.crawler.counters();
+        out.extend([
             ("bytes", U64(engine.bytes_live_estimate)),
             ("curr_items", U64(self.store.curr_items(&engine))),
             ("total_items", U64(load(&store.total_items))),
             ("evictions", U64(engine.evicted_records_estimate)),
+            ("crawler_reclaimed", U64(crawler_reclaimed)),
+            ("crawler_items_checked", U64(crawler_items_checked)),
             (
                 "kura_mode",
                 Text(format!("{:?}", self.store.mode()).to_lowercase()),
@@ -247,6 +259,9 @@ impl StatsSources {
                 ),
             ),
             ("flush_enabled", Text("yes".to_owned())),
+            ("lru_crawler", Text(if self.crawler.enabled() { "yes" } else { "no" }.to_owned())),
+            ("lru_crawler_sleep", U64(u64::from(self.crawler.settings().0))),
+            ("lru_crawler_tocrawl", U64(u64::from(self.crawler.settings().1))),
             ("binding_protocol", Text("ascii".to_owned())),
             (
                 "kura_ram_cache_limit_bytes",

@@ -733,6 +733,21 @@ impl Store {
         Ok(DeleteOutcome::Deleted)
     }
 
+    /// Deletes `key` if its record is still version `version`, which the crawler found
+    /// expired or flushed: a tombstone, so that garbage collection frees the record's room. An
+    /// item stored again since is left alone. Returns whether it was deleted.
+    pub fn reclaim(&self, key: &[u8], version: u64) -> StoreResult<bool> {
+        let _stripe = self.stripe(key);
+        match self.engine.write(key, &[], RecordKind::Tombstone, Condition::IfVersion(version))? {
+            kura_engine::WriteOutcome::Written { .. } => {
+                self.writes.fetch_add(1, Ordering::AcqRel);
+                self.cache.update(key, None, false);
+                Ok(true)
+            }
+            kura_engine::WriteOutcome::ConditionFailed { .. } => Ok(false),
+        }
+    }
+
     /// `incr`, `decr` and `ma`, as memcached's `do_add_delta`.
     pub fn arith(&self, req: &ArithRequest<'_>) -> StoreResult<ArithOutcome> {
         let _stripe = self.stripe(req.key);

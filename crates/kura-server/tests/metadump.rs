@@ -93,7 +93,7 @@ fn metadump_lists_what_memcached_lists() {
     let whole = common::transcript(kura.port, b"lru_crawler metadump all\r\n");
     assert!(whole.ends_with(b"END\r\n") && whole.starts_with(b"key="), "{}", String::from_utf8_lossy(&whole));
     k.expect("lru_crawler metadump all more\r\n", "ERROR\r\n");
-    k.expect("lru_crawler crawl all\r\n", "ERROR\r\n");
+    k.expect("lru_crawler crawl all extra\r\n", "ERROR\r\n");
 
     let memcached = match Memcached::start(&[]) {
         Ok(m) => m,

@@ -10,7 +10,8 @@ use crate::lex::{
 use crate::limits::{DATA_LENGTH_MAX_BYTES, ParserLimits};
 use crate::meta::ArithmeticOp;
 use crate::request::{
-    MetadumpClasses, Request, Retrieval, RetrievalCommand, ShutdownMode, Storage, StorageCommand,
+    CrawlerCommand, MetadumpClasses, Request, Retrieval, RetrievalCommand, ShutdownMode, Storage,
+    StorageCommand,
 };
 
 /// `get`/`gets <key>*`, `gat`/`gats <exptime> <key>*`. `words` follows the name.
@@ -70,11 +71,7 @@ pub(super) fn parse<'a>(
             args: Tokens::new(rest),
         },
         b"shutdown" => Request::Shutdown(shutdown_mode(line)),
-        // Only `metadump` of memcached's crawler commands: kura expires items as it reads them.
-        b"lru_crawler" if line.get(1) == b"metadump" => {
-            require_tokens(line, 3, 3)?;
-            Request::Metadump(metadump_classes(line.get(2)))
-        }
+        b"lru_crawler" => lru_crawler(line)?,
         _ => return Err(LineError::unknown()),
     };
     Ok(Head::Complete(request))
@@ -222,6 +219,25 @@ fn shutdown_mode(line: &Line<'_>) -> ShutdownMode {
         (2, b"graceful") => ShutdownMode::Graceful,
         _ => ShutdownMode::Invalid,
     }
+}
+
+/// memcached's `process_lru_crawler_command`: `crawl`, `metadump`, `sleep` and `tocrawl`
+/// take one argument, `enable` and `disable` none; anything else is `ERROR`.
+fn lru_crawler(line: &Line<'_>) -> Result<Request<'static>, LineError> {
+    const SLEEP_US_MAX: u64 = 1_000_000;
+    let number = || parse_u64(line.get(2)).ok_or_else(|| LineError::new(ErrorKind::BadCommandLineFormat));
+    Ok(match (line.count(), line.get(1)) {
+        (3, b"metadump") => Request::Metadump(metadump_classes(line.get(2))),
+        (3, b"crawl") => Request::LruCrawler(CrawlerCommand::Crawl(metadump_classes(line.get(2)))),
+        (3, b"tocrawl") => Request::LruCrawler(CrawlerCommand::ToCrawl(number()? as u32)),
+        (3, b"sleep") => match number()? {
+            us @ 0..=SLEEP_US_MAX => Request::LruCrawler(CrawlerCommand::Sleep(us as u32)),
+            _ => return Err(LineError::new(ErrorKind::CrawlerSleepTooLong)),
+        },
+        (2, b"enable") => Request::LruCrawler(CrawlerCommand::Enable),
+        (2, b"disable") => Request::LruCrawler(CrawlerCommand::Disable),
+        _ => return Err(LineError::unknown()),
+    })
 }
 
 /// `all`, `hash`, or class ids 1..=63 separated by commas (empty ones skipped, as

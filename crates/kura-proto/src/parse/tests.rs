@@ -7,7 +7,7 @@ use crate::error::Recovery;
 use crate::lex::Tokens;
 use crate::limits::{KEY_LENGTH_MAX, LINE_LENGTH_MAX, RETRIEVAL_LINE_LENGTH_MAX};
 use crate::meta::{ArithmeticOp, MetaFlag, SetMode};
-use crate::request::{MetadumpClasses, ShutdownMode, Storage, StorageCommand};
+use crate::request::{CrawlerCommand, MetadumpClasses, ShutdownMode, Storage, StorageCommand};
 
 fn limits() -> ParserLimits {
     ParserLimits::default()
@@ -718,8 +718,37 @@ mod other_classic {
         }
         assert!(MetadumpClasses::Classes(0b1010).includes(3) && !MetadumpClasses::Classes(0b1010).includes(2));
         assert!(MetadumpClasses::All.includes(40) && !MetadumpClasses::Invalid.includes(1));
-        for error in [&b"lru_crawler metadump\r\n"[..], b"lru_crawler metadump all extra\r\n", b"lru_crawler crawl all\r\n", b"lru_crawler\r\n"] {
+        for error in [
+            &b"lru_crawler metadump\r\n"[..],
+            b"lru_crawler metadump all extra\r\n",
+            b"lru_crawler\r\n",
+            b"lru_crawler crawl\r\n",
+            b"lru_crawler crawl all extra\r\n",
+            b"lru_crawler sleep\r\n",
+            b"lru_crawler tocrawl\r\n",
+            b"lru_crawler enable x\r\n",
+            b"lru_crawler bogus\r\n",
+            b"lru_crawler mgdump all\r\n",
+        ] {
             assert_eq!(err(error).kind, ErrorKind::UnknownCommand, "{}", String::from_utf8_lossy(error));
+        }
+        // The other crawler commands, as memcached 1.6.18 answered them.
+        let crawler = |line: &[u8]| match ok(line) {
+            Request::LruCrawler(command) => command,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(crawler(b"lru_crawler crawl all\r\n"), CrawlerCommand::Crawl(MetadumpClasses::All));
+        assert_eq!(crawler(b"lru_crawler crawl 1,\r\n"), CrawlerCommand::Crawl(MetadumpClasses::Classes(0b10)));
+        assert_eq!(crawler(b"lru_crawler crawl 64\r\n"), CrawlerCommand::Crawl(MetadumpClasses::Invalid));
+        assert_eq!(crawler(b"lru_crawler crawl hash\r\n"), CrawlerCommand::Crawl(MetadumpClasses::Hash));
+        assert_eq!(crawler(b"lru_crawler enable\r\n"), CrawlerCommand::Enable);
+        assert_eq!(crawler(b"lru_crawler disable\r\n"), CrawlerCommand::Disable);
+        assert_eq!(crawler(b"lru_crawler sleep 1000000\r\n"), CrawlerCommand::Sleep(1_000_000));
+        assert_eq!(crawler(b"lru_crawler tocrawl 4294967295\r\n"), CrawlerCommand::ToCrawl(u32::MAX));
+        assert_eq!(crawler(b"lru_crawler tocrawl 4294967296\r\n"), CrawlerCommand::ToCrawl(0));
+        assert_eq!(err(b"lru_crawler sleep 1000001\r\n").kind, ErrorKind::CrawlerSleepTooLong);
+        for bad in [&b"lru_crawler sleep -1\r\n"[..], b"lru_crawler sleep x\r\n", b"lru_crawler tocrawl x\r\n", b"lru_crawler tocrawl -1\r\n"] {
+            assert_eq!(err(bad).kind, ErrorKind::BadCommandLineFormat, "{}", String::from_utf8_lossy(bad));
         }
         assert_eq!(
             ok(b"shutdown graceful\r\n"),
