@@ -670,3 +670,57 @@ fn busy_polling_connections_serve_and_go_back_to_sleep() {
     let used = cpu_seconds(nbd.pid()) - before;
     assert!(used < 0.2, "the idle server used {used:.2} s of CPU in 1 s: a connection still polling");
 }
+
+/// The RSS of a process, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
+    kib * 1024
+}
+
+/// Clients that ask for far more than the server's memory limit and never read their replies
+/// (8 × 64 reads of 8 MiB, 4 GiB in all) hold at most `--memory-max` plus one request each:
+/// the server's RSS stays bounded (it grew by the whole 4 GiB's worth of replies before, up to
+/// 512 MiB per connection). Another client is served meanwhile, and once the greedy ones leave
+/// the budget is free again.
+#[test]
+fn memory_stays_bounded_when_clients_do_not_read_replies() {
+    const REQUEST_BYTES: u32 = 8 << 20;
+    let backend = Backend::embedded();
+    backend.create_volume("v", "1G");
+    let nbd = NbdProcess::start(&backend.url(), &["--memory-max", "64M"]);
+    let mut bystander = RawClient::connect(&nbd.addr);
+    bystander.go("v");
+    let before = rss_bytes(nbd.pid());
+    let mut greedy: Vec<RawClient> = (0..8).map(|_| RawClient::connect(&nbd.addr)).collect();
+    for c in &mut greedy {
+        c.go("v");
+        for i in 0..64u64 {
+            c.request(proto::CMD_READ, 0, i, (i % 100) * u64::from(REQUEST_BYTES), REQUEST_BYTES, &[]);
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let during = rss_bytes(nbd.pid());
+    let grown_mib = during.saturating_sub(before) >> 20;
+    // 64 MiB of budget, one 8 MiB request per connection past it, allocator slack.
+    assert!(grown_mib < 64 + 8 * 8 + 64, "the server grew by {grown_mib} MiB");
+    // Someone else is served all the while.
+    for i in 0..20u64 {
+        bystander.request(proto::CMD_WRITE, 0, i, i * 4096, 4096, &[i as u8; 4096]);
+        assert_eq!(bystander.reply(0).0, 0);
+        bystander.request(proto::CMD_READ, 0, 100 + i, i * 4096, 4096, &[]);
+        assert_eq!(bystander.reply(4096).2, vec![i as u8; 4096]);
+    }
+    // The greedy clients get what they asked for once they read.
+    let c = &mut greedy[0];
+    for _ in 0..64 {
+        let (error, _handle) = c.reply_header().expect("a reply");
+        assert_eq!(error, 0);
+        assert_eq!(c.read_data(REQUEST_BYTES as usize).expect("its data").len(), REQUEST_BYTES as usize);
+    }
+    drop(greedy);
+    // Their budget came back: a large request of the bystander starts at once.
+    bystander.request(proto::CMD_READ, 0, 500, 0, REQUEST_BYTES, &[]);
+    let (error, handle, data) = bystander.reply(REQUEST_BYTES as usize);
+    assert_eq!((error, handle, data.len()), (0, 500, REQUEST_BYTES as usize));
+}

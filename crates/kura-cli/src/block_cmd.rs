@@ -169,6 +169,10 @@ pub struct NbdArgs {
     /// Largest read or write a client may send (advertised as the maximum block size).
     #[arg(long, default_value = "32M")]
     max_request: ByteSize,
+    /// Memory for requests in flight and replies not yet sent, over all connections; past it
+    /// connections take no new reads or writes until some finish (at least --max-request)
+    #[arg(long, default_value = "1G")]
+    memory_max: ByteSize,
     /// Print the TCP address actually bound (useful with port 0) on stdout once listening.
     #[arg(long)]
     print_address: bool,
@@ -342,6 +346,7 @@ fn run_nbd(args: NbdArgs) -> anyhow::Result<()> {
         connections_max: args.connections_max,
         max_block_bytes,
         busy_poll_us: args.busy_poll_us,
+        memory_max_bytes: args.memory_max.0,
         ..NbdConfig::default()
     };
     let server = NbdServer::start(handle.pool.clone(), config).context("starting the NBD server")?;

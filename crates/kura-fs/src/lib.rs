@@ -167,9 +167,9 @@ pub struct Fs {
     pub(crate) instance: u32,
     /// How this instance is recorded in the files it opens (renewed after `fork`).
     pub(crate) opener: Mutex<Option<layout::Opener>>,
-    /// Inode records as this process last read or wrote them, with their versions (at most
-    /// `ns::RECENT_INODES_MAX`).
-    pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64)>>,
+    /// Inode records as this process last read or wrote them, with their versions and when
+    /// (at most `ns::RECENT_INODES_MAX`).
+    pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64, std::time::Instant)>>,
     /// `config.shared_io_lock_path` opened (at its first use; `None` inside when it cannot be).
     pub(crate) shared_io_lock: std::sync::OnceLock<Option<std::os::fd::OwnedFd>>,
     /// The pool's room as `statfs` last looked it up, and when.

@@ -23,6 +23,12 @@ const CAS_RETRIES_MAX: u32 = 10_000;
 /// Inode records a process remembers as it last read or wrote them, at most (for the first
 /// try of its next compare-and-swap on them).
 pub(crate) const RECENT_INODES_MAX: usize = 1024;
+/// `fstat` of a file this process has open answers from the record as this process read or
+/// wrote it at most this long ago, without a pool round trip: the open that just recorded the
+/// process in the file (or the lookup before it) followed by the program's `fstat`, which
+/// nearly every program does. Another process's change in that window cannot be told from one
+/// made just after the `fstat` (NFS caches attributes for 3 s or more).
+pub const ATTR_FRESH_US: u64 = 1000;
 /// Times `rename` starts over when its target changed between its checks and its CAS.
 const RENAME_RETRIES_MAX: u32 = 1000;
 const RENAME_RACE: &str = "rename target changed concurrently";
@@ -186,7 +192,7 @@ impl Fs {
         if recent.len() >= RECENT_INODES_MAX {
             recent.clear();
         }
-        recent.insert(inode.ino, (inode.clone(), version));
+        recent.insert(inode.ino, (inode.clone(), version, std::time::Instant::now()));
     }
 
     /// Applies `change` to an inode by compare-and-swap, retrying on conflict. The first try
@@ -195,7 +201,7 @@ impl Fs {
     /// swap).
     pub(crate) fn update_inode(&self, ino: u64, mut change: impl FnMut(&mut Inode) -> Result<()>) -> Result<Inode> {
         let key = self.keys.inode(ino);
-        let mut recent = self.recent_inodes.lock().remove(&ino);
+        let mut recent = self.recent_inodes.lock().remove(&ino).map(|(inode, version, _)| (inode, version));
         for _ in 0..CAS_RETRIES_MAX {
             let (mut inode, version) = match recent.take() {
                 Some(copy) => copy,
@@ -304,8 +310,23 @@ impl Fs {
 
     /// [`Fs::getattr`] of a file this process has open: its inode being gone means another
     /// process removed the file (`ESTALE`, as NFS reports it), not that a name is missing.
+    /// It answers from the record as this process saw it less than [`ATTR_FRESH_US`] ago.
+    /// Not for a file shared with another process this one knows of (a forked child, an
+    /// opener seen at the open): those write through to the pool and are read from it.
     pub fn getattr_open(&self, ino: u64) -> Result<Inode> {
-        self.getattr(ino).map_err(FsError::gone_is_stale)
+        let private = self.nodes.lock().get(&ino).is_some_and(|node| !node.is_shared());
+        let fresh = if private {
+            self.recent_inodes.lock().get(&ino).filter(|(_, _, at)| at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)).map(|(inode, _, _)| inode.clone())
+        } else {
+            None
+        };
+        match fresh {
+            Some(mut inode) => {
+                self.overlay_local(&mut inode);
+                Ok(inode)
+            }
+            None => self.getattr(ino).map_err(FsError::gone_is_stale),
+        }
     }
 
     fn dir_inode(&self, dir: u64) -> Result<Inode> {

@@ -50,8 +50,21 @@ const OUT_BYTES_MAX: usize = 256 << 20;
 const INBUF_BYTES: usize = 256 << 10;
 /// Replies per `writev`.
 const REPLIES_PER_WRITE_MAX: usize = 256;
-/// Read buffers kept for reuse per connection.
+/// Read buffers kept for reuse per connection, at most, and their bytes in all.
 const SPARE_BUFFERS_MAX: usize = 64;
+const SPARE_BYTES_MAX: usize = 8 << 20;
+/// Spare buffers' bytes a connection keeps while it waits for its client with nothing in
+/// flight (its receive buffer goes back to [`INBUF_BYTES`] then too).
+const SPARE_IDLE_BYTES_MAX: usize = 256 << 10;
+/// Bytes of requests in flight, replies waiting for their sockets and buffers grown to hold
+/// large requests, over all connections, past which a connection takes no new read or write
+/// — except one at a time when it has none in flight or unanswered, so that clients which do not read
+/// their replies cannot keep the others from being served: memory stays under this plus one
+/// largest request per connection, whatever the clients do.
+pub const MEMORY_BYTES_MAX_DEFAULT: u64 = 1 << 30;
+/// How long a connection held back by [`NbdConfig::memory_max_bytes`] waits before it looks
+/// again (others' completions free the room; nothing wakes it).
+const OVER_BUDGET_RETRY_MS: i32 = 5;
 /// Most bytes one `NBD_CMD_BLOCK_STATUS` reply describes (a pool lookup per block; the
 /// protocol lets the reply cover less than asked, and clients ask again from where it ended).
 pub const BLOCK_STATUS_BYTES_MAX: u32 = 16 << 20;
@@ -80,6 +93,9 @@ pub struct NbdConfig {
     /// finding it without a wake-up halves the latency of requests the disk does not serve
     /// (writes, flushes of nothing, cached reads), at the cost of CPU while polling.
     pub busy_poll_us: u32,
+    /// Memory for requests and replies over all connections (see [`MEMORY_BYTES_MAX_DEFAULT`]);
+    /// at least `max_block_bytes`, so that any one request fits.
+    pub memory_max_bytes: u64,
 }
 
 impl Default for NbdConfig {
@@ -93,6 +109,7 @@ impl Default for NbdConfig {
             window: crate::queue::WINDOW_MAX,
             max_block_bytes: MAX_BLOCK_BYTES_DEFAULT,
             busy_poll_us: 0,
+            memory_max_bytes: MEMORY_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -116,6 +133,8 @@ struct Shared {
     /// Block locks per volume id, shared by every connection to the volume.
     locks: Mutex<HashMap<u64, Arc<BlockLocks>>>,
     stats: NbdStats,
+    /// What the connections hold against [`NbdConfig::memory_max_bytes`].
+    charged_bytes: AtomicU64,
 }
 
 /// A running NBD server; [`NbdServer::stop`] ends it.
@@ -135,6 +154,12 @@ impl NbdServer {
         if !(BLOCK_SIZE_BYTES as u32..=MAX_BLOCK_BYTES_MAX).contains(&config.max_block_bytes) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("max block size must be 4096..={MAX_BLOCK_BYTES_MAX}")));
         }
+        if config.memory_max_bytes < u64::from(config.max_block_bytes) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the memory limit ({} bytes) must hold one largest request ({} bytes)", config.memory_max_bytes, config.max_block_bytes),
+            ));
+        }
         let tcp = config.tcp.map(TcpListener::bind).transpose()?;
         let tcp_addr = tcp.as_ref().map(TcpListener::local_addr).transpose()?;
         let unix = match &config.unix {
@@ -147,7 +172,7 @@ impl NbdServer {
             None => None,
         };
         let unix_path = config.unix.clone();
-        let shared = Arc::new(Shared { pool, config, stop: AtomicBool::new(false), locks: Mutex::new(HashMap::new()), stats: NbdStats::default() });
+        let shared = Arc::new(Shared { pool, config, stop: AtomicBool::new(false), locks: Mutex::new(HashMap::new()), stats: NbdStats::default(), charged_bytes: AtomicU64::new(0) });
         let mut acceptors = Vec::new();
         if let Some(listener) = tcp {
             listener.set_nonblocking(true)?;
@@ -698,6 +723,11 @@ struct Transmission<'a> {
     out: VecDeque<OutReply>,
     out_bytes: usize,
     in_flight_bytes: u64,
+    /// This connection's share of [`Shared::charged_bytes`], and whether the budget held a
+    /// request back.
+    charged_bytes: u64,
+    over_budget: bool,
+    spare_bytes: usize,
     /// Reads, writes and block statuses in flight, by handle (to keep `in_flight_bytes`, and
     /// for what their replies say).
     requests: HashMap<u64, InFlight>,
@@ -720,6 +750,9 @@ impl<'a> Transmission<'a> {
             out: VecDeque::new(),
             out_bytes: 0,
             in_flight_bytes: 0,
+            charged_bytes: 0,
+            over_budget: false,
+            spare_bytes: 0,
             requests: HashMap::new(),
             spare: Vec::new(),
             closing: false,
@@ -730,16 +763,76 @@ impl<'a> Transmission<'a> {
         self.queue.requests() >= REQUESTS_IN_FLIGHT_MAX || self.in_flight_bytes >= IN_FLIGHT_BYTES_MAX || self.out_bytes >= OUT_BYTES_MAX
     }
 
+    /// Brings this connection's share of the server's memory budget up to date.
+    fn recharge(&mut self) {
+        let excess_inbuf = self.inbuf.buf.len().saturating_sub(INBUF_BYTES) as u64;
+        let now = self.in_flight_bytes + self.out_bytes as u64 + excess_inbuf + self.spare_bytes as u64;
+        match now.cmp(&self.charged_bytes) {
+            std::cmp::Ordering::Greater => self.shared.charged_bytes.fetch_add(now - self.charged_bytes, Ordering::AcqRel),
+            std::cmp::Ordering::Less => self.shared.charged_bytes.fetch_sub(self.charged_bytes - now, Ordering::AcqRel),
+            std::cmp::Ordering::Equal => return,
+        };
+        self.charged_bytes = now;
+    }
+
+    /// Nothing in flight or to send: gives back what a burst of large requests left (a grown
+    /// receive buffer, spare read buffers) before waiting for the client.
+    fn trim_idle(&mut self) {
+        if self.inbuf.buf.len() > INBUF_BYTES && self.inbuf.data().is_empty() {
+            self.inbuf = InBuf { buf: vec![0; INBUF_BYTES], start: 0, end: 0 };
+        }
+        while self.spare_bytes > SPARE_IDLE_BYTES_MAX {
+            let buf = self.spare.pop().expect("spare bytes belong to spare buffers");
+            self.spare_bytes -= buf.capacity();
+        }
+        self.recharge();
+    }
+
+    /// Whether a request needing `bytes` may start now under the server's memory budget:
+    /// there is room, or this connection has no request of its own in flight or unanswered
+    /// (its spare buffers do not count: they go back first).
+    fn within_budget(&mut self, bytes: u64) -> bool {
+        let max = self.shared.config.memory_max_bytes;
+        if self.shared.charged_bytes.load(Ordering::Acquire) + bytes <= max || self.in_flight_bytes + self.out_bytes as u64 == 0 {
+            return true;
+        }
+        if !self.spare.is_empty() {
+            self.spare.clear();
+            self.spare_bytes = 0;
+            self.recharge();
+        }
+        self.shared.charged_bytes.load(Ordering::Acquire) + bytes <= max
+    }
+
     fn run(&mut self) -> Result<(), ConnError> {
+        let result = self.serve();
+        // What is still charged (requests the pool never finished, replies never sent) goes
+        // back to the budget with the connection.
+        self.in_flight_bytes = 0;
+        self.out_bytes = 0;
+        self.spare_bytes = 0;
+        self.inbuf.buf = Vec::new();
+        self.recharge();
+        result
+    }
+
+    fn serve(&mut self) -> Result<(), ConnError> {
         let mut readable = false;
         loop {
             if self.shared.stop.load(Ordering::Relaxed) {
                 self.closing = true;
             }
+            self.recharge();
             let busy = self.queue.requests() > 0;
-            if !self.closing && !self.backpressured() && (readable || busy) {
+            // Held back by the budget: the requests already in the buffer are tried again
+            // (the socket may have nothing new to wake a read).
+            if std::mem::take(&mut self.over_budget) && !self.closing && !self.backpressured() {
+                self.parse_requests()?;
+            }
+            if !self.closing && !self.backpressured() && !self.over_budget && (readable || busy) {
                 self.read_requests()?;
             }
+            self.recharge();
             readable = false;
             self.write_replies()?;
             if self.queue.requests() > 0 {
@@ -763,11 +856,15 @@ impl<'a> Transmission<'a> {
                 return Ok(());
             }
             let want_read = !self.closing && !self.backpressured();
+            if self.out.is_empty() {
+                self.trim_idle();
+            }
             if want_read && self.out.is_empty() && self.busy_poll() {
                 readable = true;
                 continue;
             }
-            let (r, _) = wait_fd(self.stream.as_raw_fd(), want_read, !self.out.is_empty(), STOP_CHECK_INTERVAL_MS)?;
+            let timeout_ms = if self.over_budget { OVER_BUDGET_RETRY_MS } else { STOP_CHECK_INTERVAL_MS };
+            let (r, _) = wait_fd(self.stream.as_raw_fd(), want_read && !self.over_budget, !self.out.is_empty(), timeout_ms)?;
             readable = r;
         }
     }
@@ -837,6 +934,16 @@ impl<'a> Transmission<'a> {
                 self.inbuf.reserve_total(proto::REQUEST_HEADER_BYTES);
                 return Ok(true);
             };
+            // A read's buffer, a write's payload: taken only if the server's budget has room.
+            let cost = match request.kind {
+                proto::CMD_READ | proto::CMD_WRITE => u64::from(request.len.min(self.limits.max_block_bytes)),
+                _ => 0,
+            };
+            self.recharge();
+            if cost > 0 && !self.within_budget(cost) {
+                self.over_budget = true;
+                return Ok(false);
+            }
             self.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
             let command = match proto::validate(&request, &self.limits) {
                 Ok(command) => command,
@@ -893,6 +1000,7 @@ impl<'a> Transmission<'a> {
             // Every byte of a read is written before the buffer is sent (a block's value or
             // zeros), so a reused buffer needs no clearing.
             Some(mut buf) => {
+                self.spare_bytes -= buf.capacity();
                 buf.resize(len, 0);
                 buf
             }
@@ -951,7 +1059,8 @@ impl<'a> Transmission<'a> {
     }
 
     fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFFERS_MAX && buf.capacity() <= self.limits.max_block_bytes as usize {
+        if self.spare.len() < SPARE_BUFFERS_MAX && self.spare_bytes + buf.capacity() <= SPARE_BYTES_MAX {
+            self.spare_bytes += buf.capacity();
             self.spare.push(buf);
         }
     }
