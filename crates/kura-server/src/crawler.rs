@@ -10,9 +10,10 @@
 //! version, so that an item stored again meanwhile is never touched; garbage collection then
 //! frees the room. It runs when a client asks (`lru_crawler crawl <classes>`) and, in store
 //! mode, by itself when a write finds the store full and a crawl may find something: none ran
-//! yet, an item the last one saw live has expired since, or [`AUTO_CRAWL_INTERVAL_S`] passed
-//! since it ended (a `flush_all`, items stored during it). That write still fails; the ones
-//! after the crawl succeed.
+//! yet, an item the last one saw live has expired since, a `flush_all` came after it started,
+//! or [`AUTO_CRAWL_INTERVAL_S`] passed since it ended (items stored with a time to live while
+//! it ran). That write still fails; the ones after the crawl succeed. A store that live data
+//! fills is not read through again and again.
 //!
 //! One crawler job runs at a time in the server, a crawl or a metadump (`BUSY` otherwise, as
 //! memcached). `lru_crawler enable|disable|sleep|tocrawl` work as memcached's: `disable`
@@ -39,8 +40,9 @@ pub const SLEEP_US_DEFAULT: u32 = 100;
 /// Items a crawl looks at between two pauses (memcached's `crawls_persleep`).
 pub const ITEMS_PER_SLEEP: u64 = 1000;
 /// A store-mode write that finds the store full starts a crawl, when no item the last crawl
-/// saw live has expired since, only once that crawl ended this long ago.
-pub const AUTO_CRAWL_INTERVAL_S: u64 = 60;
+/// saw live has expired since and no `flush_all` came after it, only once that crawl ended
+/// this long ago (a crawl reads the whole store).
+pub const AUTO_CRAWL_INTERVAL_S: u64 = 600;
 
 const OK_REPLY: &[u8] = b"OK\r\n";
 const DISABLED_REPLY: &[u8] = b"CLIENT_ERROR lru crawler disabled\r\n";
@@ -64,6 +66,8 @@ pub struct Crawler {
     /// `i64::MAX` when none has a time to live).
     last_end: Mutex<Option<Instant>>,
     next_expiry_s: AtomicI64,
+    /// The `flush_all` horizon when the last crawl started.
+    flush_horizon_us: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -80,6 +84,7 @@ impl Crawler {
             shutdown: AtomicBool::new(false),
             last_end: Mutex::new(None),
             next_expiry_s: AtomicI64::new(i64::MAX),
+            flush_horizon_us: AtomicU64::new(0),
             thread: Mutex::new(None),
         }
     }
@@ -178,6 +183,7 @@ impl Crawler {
             Some(ended) => {
                 ended.elapsed() >= Duration::from_secs(AUTO_CRAWL_INTERVAL_S)
                     || crate::clock::unix_now_s() >= self.next_expiry_s.load(Ordering::Acquire)
+                    || self.store.flush_horizon_us() > self.flush_horizon_us.load(Ordering::Acquire)
             }
         };
         if due && self.crawl(MetadumpClasses::All) == OK_REPLY {
@@ -205,6 +211,7 @@ impl Crawler {
 
     fn run(&self, classes: MetadumpClasses) {
         let started = Instant::now();
+        self.flush_horizon_us.store(self.store.flush_horizon_us(), Ordering::Release);
         let (sleep_us, tocrawl) = self.settings();
         let mut per_class = [0u32; MetadumpClasses::CLASS_MAX as usize + 1];
         let (mut checked, mut reclaimed) = (0u64, 0u64);

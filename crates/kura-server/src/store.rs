@@ -442,6 +442,11 @@ impl Store {
         self.cache.probe(key)
     }
 
+    /// The `flush_all` horizon now: items stored at or before it (microseconds) are gone.
+    pub fn flush_horizon_us(&self) -> u64 {
+        self.flush.at(clock::unix_now_us())
+    }
+
     /// Whether a record is live now.
     pub fn liveness(&self, meta: &ItemMeta) -> Liveness {
         if clock::is_expired(meta.expire_at_s, clock::unix_now_s()) {

@@ -206,6 +206,18 @@ fn a_full_store_of_expired_items_takes_writes_again() {
     for i in (0..again).step_by(997) {
         assert_eq!(c.get(&format!("b{i}")).as_deref(), Some(&value[..]), "b{i}");
     }
-    // Now the store is full of live items: a crawl finds nothing, and writes still fail.
-    assert_eq!(fill(&mut c, "c", 0), 0);
+    // Now the store is full of live items without a time to live: writes fail, and they do
+    // not make the server read the whole store again for nothing.
+    let starts = c.stat("lru_crawler_starts");
+    for _ in 0..20 {
+        assert_eq!(fill(&mut c, "c", 0), 0);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(c.stat("lru_crawler_starts"), starts, "no crawl while nothing can have expired");
+    // A flush_all makes everything dead: the next full write crawls again and frees the room.
+    c.expect("flush_all\r\n", "OK\r\n");
+    std::thread::sleep(Duration::from_millis(1100));
+    let _ = fill(&mut c, "d", 0);
+    assert!(eventually(Duration::from_secs(30), || c.stat("lru_crawler_starts") == starts + 1 && running(&mut c) == 0));
+    assert!(fill(&mut c, "e", 0) * 10 >= again * 9, "the flushed store takes as much again");
 }

@@ -842,7 +842,9 @@ impl<'a> Transmission<'a> {
                 // request in flight: a client at queue depth 1 sends nothing until it has
                 // the reply, and the watch (still armed when the reply goes out) would fire
                 // on its next request, for an extra wake-up per request.
-                let watch = (self.queue.requests() > 1 && !self.closing && !self.backpressured()).then(|| self.stream.as_raw_fd());
+                // Nor while the memory budget holds requests back: the socket would stay
+                // readable with requests it may not take, and the wait would spin.
+                let watch = (self.queue.requests() > 1 && !self.closing && !self.backpressured() && !self.over_budget).then(|| self.stream.as_raw_fd());
                 let queue = &mut self.queue;
                 let mut finished = Vec::new();
                 queue.poll_watching(None, watch, &mut |done| finished.push(done))?;
