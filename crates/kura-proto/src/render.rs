@@ -5,7 +5,7 @@
 use crate::encode::{push_i64, push_u64};
 use crate::lex::Tokens;
 use crate::meta::{ArithmeticOp, MetaFlag, MetaFlags};
-use crate::request::{CrawlerCommand, MetadumpClasses, Request, ShutdownMode, Storage};
+use crate::request::{CrawlerCommand, MetadumpClasses, Request, ShutdownMode, Storage, TuningReply};
 
 const CRLF: &[u8] = b"\r\n";
 
@@ -57,6 +57,13 @@ pub fn render_request(out: &mut Vec<u8>, request: &Request<'_>) {
                 }
             }
         }
+        // A request memcached answers with that reply.
+        Request::Tuning(reply) => out.extend_from_slice(match reply {
+            TuningReply::Ok => b"slabs automove 1",
+            TuningReply::NoSpare => b"slabs reassign 1 2",
+            TuningReply::BadClass => b"slabs reassign 1 64",
+            TuningReply::HotWarmOver80 => b"lru tune 90 25 0.1 2",
+        }),
         other => render_simple(out, other),
     }
     out.extend_from_slice(CRLF);
@@ -147,6 +154,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
         | Request::Stats { .. }
         | Request::Metadump(_)
         | Request::LruCrawler(_)
+        | Request::Tuning(_)
         | Request::MetaGet(_)
         | Request::MetaSet(_)
         | Request::MetaDelete(_)

@@ -74,6 +74,9 @@ pub enum Request<'a> {
     Metadump(MetadumpClasses),
     /// The other `lru_crawler` commands.
     LruCrawler(CrawlerCommand),
+    /// `slabs automove|reassign …` and `lru mode|tune|temp_ttl …`: memcached's tuning of its
+    /// slab allocator and LRUs, which kura has not; the answer memcached gives.
+    Tuning(TuningReply),
     /// `cache_memlimit <megabytes> [noreply]`.
     CacheMemlimit {
         /// New memory limit, in MiB.
@@ -238,6 +241,32 @@ pub enum ShutdownMode {
     /// Anything else; memcached (when shutdown is enabled) replies
     /// `CLIENT_ERROR invalid shutdown mode`.
     Invalid,
+}
+
+/// What memcached answers a well-formed `slabs` or `lru` tuning command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TuningReply {
+    /// `OK`: `slabs automove 0|1|2`, `lru mode flat|segmented`, `lru tune` within bounds,
+    /// `lru temp_ttl <n>`.
+    Ok,
+    /// `slabs reassign` of valid classes: `NOSPARE source class has no spare pages`.
+    NoSpare,
+    /// `slabs reassign` of a class outside 0..=63 (source) or 1..=63 (destination).
+    BadClass,
+    /// `lru tune` whose hot and warm percentages add up past 80.
+    HotWarmOver80,
+}
+
+impl TuningReply {
+    /// The reply line.
+    pub fn line(self) -> &'static [u8] {
+        match self {
+            Self::Ok => b"OK\r\n",
+            Self::NoSpare => b"NOSPARE source class has no spare pages\r\n",
+            Self::BadClass => b"BADCLASS invalid src or dst class id\r\n",
+            Self::HotWarmOver80 => b"ERROR hot and warm pcts must not exceed 80\r\n",
+        }
+    }
 }
 
 /// `lru_crawler crawl|enable|disable|sleep|tocrawl`, as memcached 1.6 takes them.

@@ -586,6 +586,7 @@ impl Model {
             Request::Quit => return false,
             Request::Stats { .. } | Request::Metadump(_) => encode::reply(out, Reply::End),
             Request::LruCrawler(_) => reply_unless(out, false, Reply::Ok),
+            Request::Tuning(reply) => out.extend_from_slice(reply.line()),
             Request::Shutdown(_) => out.extend_from_slice(b"ERROR: shutdown not enabled\r\n"),
             Request::MetaNoop => encode::reply(out, Reply::MetaNoop),
             Request::MetaDebug { .. } => {

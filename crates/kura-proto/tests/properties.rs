@@ -8,7 +8,7 @@
 use kura_proto::{
     ArithmeticOp, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, Parsed, ParserLimits,
     CrawlerCommand, MetadumpClasses, Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage,
-    StorageCommand,
+    StorageCommand, TuningReply,
     Tokens, encode_base64, parse, render_request,
 };
 use proptest::prelude::*;
@@ -404,6 +404,10 @@ fn classic_spec() -> impl Strategy<Value = Spec> {
             Request::LruCrawler(CrawlerCommand::Sleep(0)),
             Request::LruCrawler(CrawlerCommand::Sleep(1_000_000)),
             Request::LruCrawler(CrawlerCommand::ToCrawl(u32::MAX)),
+            Request::Tuning(TuningReply::Ok),
+            Request::Tuning(TuningReply::NoSpare),
+            Request::Tuning(TuningReply::BadClass),
+            Request::Tuning(TuningReply::HotWarmOver80),
         ])
         .prop_map(Spec::Fixed),
         (1u64..u64::MAX).prop_map(|bits| Spec::Fixed(Request::Metadump(MetadumpClasses::Classes((bits & !1).max(2))))),

@@ -191,7 +191,9 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         }
         Request::Verbosity { noreply, .. } => reply(ctx, Reply::Ok, noreply),
         Request::Quit => return Flow::Close,
-        Request::Stats { args } => stats(ctx, args.first(), args.len()),
+        Request::Stats { args } => stats(ctx, &args),
+        // kura has no slab allocator or LRU segments to tune: memcached's answer.
+        Request::Tuning(reply) => ctx.out.push_bytes(reply.line()),
         Request::Shutdown(_) => ctx.out.push_bytes(SHUTDOWN_DISABLED),
         Request::Metadump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::Crawler::disabled_reply()),
         Request::Metadump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
@@ -560,16 +562,30 @@ fn touch(ctx: &mut Ctx<'_>, key: &[u8], exptime_s: i64, noreply: bool) {
 
 // ---- stats ----
 
-fn stats(ctx: &mut Ctx<'_>, group: Option<&[u8]>, args: usize) {
-    let lines = match group {
+fn stats(ctx: &mut Ctx<'_>, args: &kura_proto::Tokens<'_>) {
+    let mut words = args.iter();
+    let lines = match words.next() {
         None => ctx.sources.general(),
         Some(b"settings") => ctx.sources.settings(),
-        Some(b"reset") if args == 1 => {
+        Some(b"reset") if args.len() == 1 => {
             ctx.out.push_bytes(Reply::Reset.as_bytes());
             return;
         }
-        // memcached's slab and item groups describe its slab allocator; kura has none.
-        Some(b"items" | b"slabs" | b"sizes" | b"conns") => Vec::new(),
+        // memcached's slab and item groups describe its slab allocator; kura has none (what
+        // memcached with no slabs in use says).
+        Some(b"slabs") => vec![("active_slabs", StatValue::U64(0)), ("total_malloced", StatValue::U64(0))],
+        Some(b"sizes") => vec![("sizes_status", StatValue::Text("disabled".to_owned()))],
+        Some(b"items" | b"conns") => Vec::new(),
+        // Per-prefix statistics: kura keeps none, so a dump lists no prefix.
+        Some(b"detail") => {
+            let reply: &[u8] = match words.next() {
+                Some(b"on" | b"off") => b"OK\r\n",
+                Some(b"dump") => b"END\r\n",
+                _ => b"CLIENT_ERROR usage: stats detail on|off|dump\r\n",
+            };
+            ctx.out.push_bytes(reply);
+            return;
+        }
         Some(_) => {
             ctx.out.push_bytes(Reply::Error.as_bytes());
             return;

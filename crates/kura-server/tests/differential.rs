@@ -43,6 +43,12 @@ const SCRIPTS: &[&str] = &[
     "\r\n\nbogus\r\nGET @a\r\nget @a\nset @a\r\nget\r\nversion\rversion\r\nset @a x 0 1\r\nz\r\nset @a 0 0 -1\r\n",
     "set @a 0 0 1\r\nzz\r\nset @a 0 0 1 noreply\r\nzz\r\nverbosity x\r\nverbosity 1\r\nverbosity 1 noreply\r\nmn\r\nmz @a\r\nmg\r\n",
     "flush_all x\r\nshutdown\r\ncache_memlimit 4\r\nstats bogus\r\nstats reset\r\nquit\r\nget @after_quit\r\n",
+    // Tuning of memcached's slab allocator and LRUs (kura has neither) and its per-prefix
+    // and size statistics, answered as memcached answers them.
+    "stats detail\r\nstats detail x\r\nstats detail on x\r\nstats detail dump\r\nstats detail off\r\nstats sizes\r\nmn\r\n",
+    "slabs\r\nslabs automove\r\nslabs automove 2\r\nslabs automove 3\r\nslabs automove -1\r\nslabs automove x\r\nslabs automove 1 2\r\nslabs automove 0\r\nslabs bogus\r\nmn\r\n",
+    "slabs reassign\r\nslabs reassign 1\r\nslabs reassign 1 2\r\nslabs reassign 0 2\r\nslabs reassign 1 64\r\nslabs reassign -1 2\r\nslabs reassign x y\r\nmn\r\n",
+    "lru\r\nlru mode\r\nlru mode flat\r\nlru mode segmented\r\nlru mode x\r\nlru tune 10 25 0.1 2\r\nlru tune 10 25 0.1\r\nlru tune x 25 0.1 2\r\nlru tune 90 25 0.1 2\r\nlru temp_ttl 0\r\nlru temp_ttl -1\r\nlru temp_ttl x\r\nlru bogus\r\nmn\r\n",
 ];
 
 fn run_all(port: u16, tag: &str) -> Vec<String> {

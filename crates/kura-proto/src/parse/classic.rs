@@ -11,7 +11,7 @@ use crate::limits::{DATA_LENGTH_MAX_BYTES, ParserLimits};
 use crate::meta::ArithmeticOp;
 use crate::request::{
     CrawlerCommand, MetadumpClasses, Request, Retrieval, RetrievalCommand, ShutdownMode, Storage,
-    StorageCommand,
+    StorageCommand, TuningReply,
 };
 
 /// `get`/`gets <key>*`, `gat`/`gats <exptime> <key>*`. `words` follows the name.
@@ -72,6 +72,8 @@ pub(super) fn parse<'a>(
         },
         b"shutdown" => Request::Shutdown(shutdown_mode(line)),
         b"lru_crawler" => lru_crawler(line)?,
+        b"slabs" => Request::Tuning(slabs(line)?),
+        b"lru" => Request::Tuning(lru(line)?),
         _ => return Err(LineError::unknown()),
     };
     Ok(Head::Complete(request))
@@ -238,6 +240,46 @@ fn lru_crawler(line: &Line<'_>) -> Result<Request<'static>, LineError> {
         (2, b"disable") => Request::LruCrawler(CrawlerCommand::Disable),
         _ => return Err(LineError::unknown()),
     })
+}
+
+/// `slabs automove <0|1|2>` and `slabs reassign <src> <dst>`, as memcached 1.6.18 answers
+/// them (arguments after those are ignored, as there).
+fn slabs(line: &Line<'_>) -> Result<TuningReply, LineError> {
+    let bad_format = || LineError::new(ErrorKind::BadCommandLineFormat);
+    match (line.count(), line.get(1)) {
+        (3.., b"automove") => match parse_u32(line.get(2)).ok_or_else(bad_format)? {
+            0..=2 => Ok(TuningReply::Ok),
+            _ => Err(LineError::unknown()),
+        },
+        (4.., b"reassign") => {
+            let class = |token: &[u8]| parse_i64(token).ok_or_else(bad_format);
+            let (src, dst) = (class(line.get(2))?, class(line.get(3))?);
+            let max = i64::from(MetadumpClasses::CLASS_MAX);
+            Ok(if (0..=max).contains(&src) && (1..=max).contains(&dst) { TuningReply::NoSpare } else { TuningReply::BadClass })
+        }
+        _ => Err(LineError::unknown()),
+    }
+}
+
+/// `lru mode flat|segmented`, `lru tune <hot %> <warm %> <factor> <max age>`, `lru temp_ttl
+/// <seconds>`, as memcached 1.6.18 answers them; anything else, and numbers that do not
+/// parse, are `ERROR`.
+fn lru(line: &Line<'_>) -> Result<TuningReply, LineError> {
+    const HOT_WARM_PERCENT_MAX: u64 = 80;
+    match (line.count(), line.get(1)) {
+        (3, b"mode") if matches!(line.get(2), b"flat" | b"segmented") => Ok(TuningReply::Ok),
+        (6, b"tune") => {
+            let (hot, warm) = (parse_u32(line.get(2)), parse_u32(line.get(3)));
+            let factor = std::str::from_utf8(line.get(4)).ok().and_then(|f| f.parse::<f64>().ok());
+            match (hot, warm, factor, parse_u64(line.get(5))) {
+                (Some(hot), Some(warm), Some(_), Some(_)) if u64::from(hot) + u64::from(warm) > HOT_WARM_PERCENT_MAX => Ok(TuningReply::HotWarmOver80),
+                (Some(_), Some(_), Some(_), Some(_)) => Ok(TuningReply::Ok),
+                _ => Err(LineError::unknown()),
+            }
+        }
+        (3, b"temp_ttl") if parse_i64(line.get(2)).is_some() => Ok(TuningReply::Ok),
+        _ => Err(LineError::unknown()),
+    }
 }
 
 /// `all`, `hash`, or class ids 1..=63 separated by commas (empty ones skipped, as

@@ -7,7 +7,7 @@ use crate::error::Recovery;
 use crate::lex::Tokens;
 use crate::limits::{KEY_LENGTH_MAX, LINE_LENGTH_MAX, RETRIEVAL_LINE_LENGTH_MAX};
 use crate::meta::{ArithmeticOp, MetaFlag, SetMode};
-use crate::request::{CrawlerCommand, MetadumpClasses, ShutdownMode, Storage, StorageCommand};
+use crate::request::{CrawlerCommand, TuningReply, MetadumpClasses, ShutdownMode, Storage, StorageCommand};
 
 fn limits() -> ParserLimits {
     ParserLimits::default()
@@ -747,6 +747,28 @@ mod other_classic {
         assert_eq!(crawler(b"lru_crawler tocrawl 4294967295\r\n"), CrawlerCommand::ToCrawl(u32::MAX));
         assert_eq!(crawler(b"lru_crawler tocrawl 4294967296\r\n"), CrawlerCommand::ToCrawl(0));
         assert_eq!(err(b"lru_crawler sleep 1000001\r\n").kind, ErrorKind::CrawlerSleepTooLong);
+        // Slab and LRU tuning, as memcached 1.6.18 answers it (tests/differential.rs in
+        // kura-server runs the same lines against memcached).
+        for (line, want) in [
+            (&b"slabs automove 2\r\n"[..], TuningReply::Ok),
+            (b"slabs automove 1 2\r\n", TuningReply::Ok),
+            (b"slabs reassign 1 2\r\n", TuningReply::NoSpare),
+            (b"slabs reassign 0 2\r\n", TuningReply::NoSpare),
+            (b"slabs reassign 1 64\r\n", TuningReply::BadClass),
+            (b"slabs reassign -1 2\r\n", TuningReply::BadClass),
+            (b"lru mode segmented\r\n", TuningReply::Ok),
+            (b"lru tune 10 25 0.1 2\r\n", TuningReply::Ok),
+            (b"lru tune 90 25 0.1 2\r\n", TuningReply::HotWarmOver80),
+            (b"lru temp_ttl -1\r\n", TuningReply::Ok),
+        ] {
+            assert_eq!(ok(line), Request::Tuning(want), "{}", String::from_utf8_lossy(line));
+        }
+        for line in [&b"slabs automove 3\r\n"[..], b"slabs\r\n", b"slabs reassign 1\r\n", b"lru mode x\r\n", b"lru tune 10 25 0.1\r\n", b"lru tune x 25 0.1 2\r\n", b"lru temp_ttl x\r\n"] {
+            assert_eq!(err(line).kind, ErrorKind::UnknownCommand, "{}", String::from_utf8_lossy(line));
+        }
+        for line in [&b"slabs automove -1\r\n"[..], b"slabs automove x\r\n", b"slabs reassign x y\r\n"] {
+            assert_eq!(err(line).kind, ErrorKind::BadCommandLineFormat, "{}", String::from_utf8_lossy(line));
+        }
         for bad in [&b"lru_crawler sleep -1\r\n"[..], b"lru_crawler sleep x\r\n", b"lru_crawler tocrawl x\r\n", b"lru_crawler tocrawl -1\r\n"] {
             assert_eq!(err(bad).kind, ErrorKind::BadCommandLineFormat, "{}", String::from_utf8_lossy(bad));
         }
