@@ -434,6 +434,36 @@ fn pjdfstest_and_fsx_on_fuse_mount_and_under_preload() {
     );
 }
 
+/// `statfs` through the FUSE mount (the kernel's `statfs(2)`, as `df` calls it) reports the
+/// pool's room: the local server's store of `STORE_SIZE`, less what 32 MiB written take, and no
+/// inode counts.
+#[test]
+fn statfs_through_the_fuse_mount_reports_the_pools_room() {
+    if let Err(reason) = fuse_usable() {
+        skip_or_fail(&reason);
+        return;
+    }
+    let scratch = Scratch::new();
+    let mount = Mount::new(&scratch);
+    let statfs = || -> (u64, u64, u64, u64) {
+        let out = Command::new("stat").args(["-f", "-c", "%S %b %f %a %c"]).arg(&mount.point).output().expect("run stat -f");
+        assert!(out.status.success(), "stat -f: {}", String::from_utf8_lossy(&out.stderr));
+        let n: Vec<u64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|w| w.parse().expect("a number")).collect();
+        (n[1] * n[0], n[2] * n[0], n[3] * n[0], n[4])
+    };
+    let (total, free, available, inodes) = statfs();
+    assert!((128 << 20..=256 << 20).contains(&total), "the 256 MiB store's capacity: {total}");
+    assert!(available <= free && free <= total && free > total / 2, "{total} {free} {available}");
+    assert_eq!(inodes, 0, "no inode counts");
+    std::fs::write(mount.point.join("big"), vec![b'x'; 32 << 20]).expect("write 32 MiB");
+    let file = std::fs::File::open(mount.point.join("big")).expect("open");
+    file.sync_all().expect("fsync");
+    // The room is looked up at most once a second.
+    thread::sleep(Duration::from_millis(1100));
+    let (_, _, after, _) = statfs();
+    assert!(available - after >= 30 << 20, "32 MiB written take room: {available} then {after}");
+}
+
 /// `kura fs mount` stopped by SIGTERM (`systemctl stop`) while a program still has a file open
 /// in it: what the program wrote is in the pool at once (another process reads it through the
 /// preload), the mount is detached, and the server exits cleanly once the file is closed.
