@@ -265,19 +265,18 @@ impl Kv for PoolKv {
             return keys.iter().map(|key| self.get_versioned(key)).collect();
         }
         // The keys of each node go out together on its metadata connection.
-        let mut by_node: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut by_node: Vec<(&NodeSpec, Vec<usize>)> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             let node = self.pool.node_of(key);
-            let id = format!("{:?}/{}", node.backend, node.addrs[0]);
-            match by_node.iter_mut().find(|(n, _)| *n == id) {
+            match by_node.iter_mut().find(|(n, _)| std::ptr::eq(*n, node)) {
                 Some((_, at)) => at.push(i),
-                None => by_node.push((id, vec![i])),
+                None => by_node.push((node, vec![i])),
             }
         }
         let mut out = vec![None; keys.len()];
-        for (_, at) in by_node {
+        for (node, at) in by_node {
             let node_keys: Vec<&[u8]> = at.iter().map(|&i| keys[i].as_slice()).collect();
-            let values = self.with_meta(node_keys[0], |c| c.get_many(&node_keys))?;
+            let values = self.with_meta_node(node, |c| c.get_many(&node_keys))?;
             for (i, value) in at.into_iter().zip(values) {
                 out[i] = value;
             }

@@ -10,9 +10,6 @@
 use std::sync::Arc;
 
 use crate::Fs;
-
-/// Zeros one `fallocate` step writes at a time.
-const FALLOCATE_STEP_BYTES: usize = 128 << 10;
 use crate::error::{FsError, Result};
 use crate::kv::Cond;
 use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, SYMLINK_BYTES_MAX, bucket_of, check_name, dtype_of, file_type, is_dir};
@@ -29,6 +26,8 @@ pub(crate) const RECENT_INODES_MAX: usize = 1024;
 /// nearly every program does. Another process's change in that window cannot be told from one
 /// made just after the `fstat` (NFS caches attributes for 3 s or more).
 pub const ATTR_FRESH_US: u64 = 1000;
+/// Zeros one `fallocate` step writes at a time.
+const FALLOCATE_STEP_BYTES: usize = 128 << 10;
 /// Times `rename` starts over when its target changed between its checks and its CAS.
 const RENAME_RETRIES_MAX: u32 = 1000;
 const RENAME_RACE: &str = "rename target changed concurrently";

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use kura_proto::{CrawlerCommand, MetadumpClasses};
 
-use crate::metadump::{BADCLASS_REPLY, BUSY_REPLY, memcached_item_bytes, slab_class};
+use crate::metadump::{BADCLASS_REPLY, BUSY_REPLY, ClearOnDrop, memcached_size_and_class};
 use crate::record::RecordView;
 use crate::stats::ConnStats;
 use crate::store::{Liveness, Store};
@@ -45,7 +45,8 @@ pub const ITEMS_PER_SLEEP: u64 = 1000;
 pub const AUTO_CRAWL_INTERVAL_S: u64 = 600;
 
 const OK_REPLY: &[u8] = b"OK\r\n";
-const DISABLED_REPLY: &[u8] = b"CLIENT_ERROR lru crawler disabled\r\n";
+/// The reply to a crawl or a metadump while the crawler is disabled.
+pub const DISABLED_REPLY: &[u8] = b"CLIENT_ERROR lru crawler disabled\r\n";
 const ENABLE_FAILED_REPLY: &[u8] = b"ERROR failed to start lru crawler thread\r\n";
 /// memcached's answer to `crawl hash` (hash order exists for dumps only).
 const UNKNOWN_ERROR_REPLY: &[u8] = b"ERROR an unknown error happened\r\n";
@@ -94,11 +95,6 @@ impl Crawler {
         self.enabled.load(Ordering::Acquire)
     }
 
-    /// The reply to a metadump asked while crawls are disabled.
-    pub fn disabled_reply() -> &'static [u8] {
-        DISABLED_REPLY
-    }
-
     /// Runs an `lru_crawler` command; returns its reply line.
     pub fn command(self: &Arc<Self>, command: CrawlerCommand) -> &'static [u8] {
         match command {
@@ -144,14 +140,7 @@ impl Crawler {
         }
         let me = Arc::clone(self);
         let spawned = std::thread::Builder::new().name("kura-crawler".into()).spawn(move || {
-            // Clears the flag however the crawl ends (a panic included).
-            struct Running(Arc<ConnStats>);
-            impl Drop for Running {
-                fn drop(&mut self) {
-                    self.0.lru_crawler_running.store(false, Ordering::Release);
-                }
-            }
-            let _running = Running(Arc::clone(&me.conns));
+            let _running = ClearOnDrop(Arc::clone(&me.conns.lru_crawler_running));
             me.run(classes);
         });
         match spawned {
@@ -225,7 +214,7 @@ impl Crawler {
                 return true; // not an item record (the engine's checksums passed: another writer's)
             };
             let key = view.key(r.value);
-            let class = slab_class(memcached_item_bytes(key.len(), view.meta.client_flags, view.data_len()));
+            let (_, class) = memcached_size_and_class(key, &view);
             if !classes.includes(class) {
                 return true;
             }

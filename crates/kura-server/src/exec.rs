@@ -195,7 +195,7 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         // kura has no slab allocator or LRU segments to tune: memcached's answer.
         Request::Tuning(reply) => ctx.out.push_bytes(reply.line()),
         Request::Shutdown(_) => ctx.out.push_bytes(SHUTDOWN_DISABLED),
-        Request::Metadump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::Crawler::disabled_reply()),
+        Request::Metadump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::DISABLED_REPLY),
         Request::Metadump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
         Request::LruCrawler(command) => {
             let reply = ctx.sources.crawler.command(command);

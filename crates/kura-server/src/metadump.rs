@@ -73,13 +73,7 @@ pub fn start(store: Arc<Store>, classes: MetadumpClasses, wake: Arc<dyn Fn() + S
     let (thread_stop, thread_shutdown) = (Arc::clone(&stop), Arc::clone(&shutdown));
     let thread = std::thread::Builder::new().name("kura-metadump".into()).spawn(move || {
         // Clears the server's flag however the dump ends (a panic included).
-        struct Running(Arc<AtomicBool>);
-        impl Drop for Running {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let running = Running(running);
+        let running = ClearOnDrop(running);
         let sender = ChunkSender { tx, stop: thread_stop, shutdown: thread_shutdown, wake: Arc::clone(&wake) };
         run(&store, classes, &sender);
         // The flag is clear before the channel closes, so that the connection's next dump,
@@ -90,6 +84,16 @@ pub fn start(store: Arc<Store>, classes: MetadumpClasses, wake: Arc<dyn Fn() + S
         wake();
     })?;
     Ok(Dump { chunks, stop, shutdown, thread, room_limited: false })
+}
+
+/// Clears the server's one-crawler-job flag (`lru_crawler_running`) when dropped: at the end
+/// of a dump's or a crawl's thread, however it ends (a panic included).
+pub struct ClearOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 struct ChunkSender {
@@ -165,8 +169,7 @@ fn run(store: &Store, classes: MetadumpClasses, sender: &ChunkSender) {
 /// Appends the item's line if its class is among `classes`.
 pub fn item_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, version: u64, classes: &MetadumpClasses) {
     let meta = &view.meta;
-    let size = memcached_item_bytes(key.len(), meta.client_flags, view.data_len());
-    let class = slab_class(size);
+    let (size, class) = memcached_size_and_class(key, view);
     if !classes.includes(class) {
         return;
     }
@@ -175,6 +178,13 @@ pub fn item_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, version: u64,
     let exp = if meta.expire_at_s == 0 { -1 } else { meta.expire_at_s };
     let la = meta.set_time_us / 1_000_000;
     out.extend_from_slice(format!(" exp={exp} la={la} cas={} fetch=no cls={class} size={size}\n", meta.cas(version)).as_bytes());
+}
+
+/// What memcached with its default slab classes would report for the item: its `size=` and
+/// its class (see [`memcached_item_bytes`] and [`slab_class`]).
+pub fn memcached_size_and_class(key: &[u8], view: &RecordView) -> (usize, u32) {
+    let size = memcached_item_bytes(key.len(), view.meta.client_flags, view.data_len());
+    (size, slab_class(size))
 }
 
 /// memcached's `ITEM_ntotal` of an item with CAS: header, key and its NUL, data and its

@@ -781,7 +781,12 @@ impl<'a> Transmission<'a> {
         if self.inbuf.buf.len() > INBUF_BYTES && self.inbuf.data().is_empty() {
             self.inbuf = InBuf { buf: vec![0; INBUF_BYTES], start: 0, end: 0 };
         }
-        while self.spare_bytes > SPARE_IDLE_BYTES_MAX {
+        self.drop_spares(SPARE_IDLE_BYTES_MAX);
+    }
+
+    /// Gives back spare read buffers until they hold at most `keep_bytes`.
+    fn drop_spares(&mut self, keep_bytes: usize) {
+        while self.spare_bytes > keep_bytes {
             let buf = self.spare.pop().expect("spare bytes belong to spare buffers");
             self.spare_bytes -= buf.capacity();
         }
@@ -796,11 +801,7 @@ impl<'a> Transmission<'a> {
         if self.shared.charged_bytes.load(Ordering::Acquire) + bytes <= max || self.in_flight_bytes + self.out_bytes as u64 == 0 {
             return true;
         }
-        if !self.spare.is_empty() {
-            self.spare.clear();
-            self.spare_bytes = 0;
-            self.recharge();
-        }
+        self.drop_spares(0);
         self.shared.charged_bytes.load(Ordering::Acquire) + bytes <= max
     }
 
