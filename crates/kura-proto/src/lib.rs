@@ -33,7 +33,7 @@
 //! - opaque tokens may not hold control characters.
 //!
 //! Not parsed (answered `ERROR`, like any unknown command): memcached's admin
-//! commands `lru_crawler mgdump` (1.6.19+), `watch`, `extstore`,
+//! commands `watch`, `extstore`,
 //! `refresh_certs`, `debugtime`, `misbehave`, and the obsolete `bget`.
 
 #![forbid(unsafe_code)]

@@ -38,6 +38,10 @@ pub fn render_request(out: &mut Vec<u8>, request: &Request<'_>) {
             out.extend_from_slice(b"lru_crawler metadump ");
             out.extend_from_slice(&classes_spec(classes));
         }
+        Request::Mgdump(classes) => {
+            out.extend_from_slice(b"lru_crawler mgdump ");
+            out.extend_from_slice(&classes_spec(classes));
+        }
         Request::LruCrawler(command) => {
             out.extend_from_slice(b"lru_crawler ");
             match command {
@@ -153,6 +157,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
         | Request::Retrieval(_)
         | Request::Stats { .. }
         | Request::Metadump(_)
+        | Request::Mgdump(_)
         | Request::LruCrawler(_)
         | Request::Tuning(_)
         | Request::MetaGet(_)

@@ -72,6 +72,9 @@ pub enum Request<'a> {
     Shutdown(ShutdownMode),
     /// `lru_crawler metadump <classes>`: one line per item, then `END`.
     Metadump(MetadumpClasses),
+    /// `lru_crawler mgdump <classes>` (memcached 1.6.19+): an `mg <key>` line per item, a
+    /// command that can be sent back as it is, then `EN`.
+    Mgdump(MetadumpClasses),
     /// The other `lru_crawler` commands.
     LruCrawler(CrawlerCommand),
     /// `slabs automove|reassign …` and `lru mode|tune|temp_ttl …`: memcached's tuning of its

@@ -395,6 +395,8 @@ fn classic_spec() -> impl Strategy<Value = Spec> {
             Request::Metadump(MetadumpClasses::All),
             Request::Metadump(MetadumpClasses::Hash),
             Request::Metadump(MetadumpClasses::Invalid),
+            Request::Mgdump(MetadumpClasses::Hash),
+            Request::Mgdump(MetadumpClasses::Classes(0b1010)),
             Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::All)),
             Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::Hash)),
             Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::Invalid)),

@@ -20,6 +20,7 @@ use kura_proto::{
 
 use crate::cache::Probe;
 use crate::clock;
+use crate::metadump::DumpFormat;
 use crate::output::{Body, Output, Response, Seq};
 use crate::record::RecordView;
 use crate::stats::{StatValue, StatsSources, WorkerStats};
@@ -119,9 +120,9 @@ pub struct Ctx<'a> {
     pub wrote: &'a mut bool,
     /// Set by `sync`: make every acknowledged write durable before this turn's replies leave.
     pub sync_requested: &'a mut bool,
-    /// Set by `lru_crawler metadump`: the worker starts the dump (and reads no further
-    /// request of the connection until it has sent it).
-    pub metadump: &'a mut Option<MetadumpClasses>,
+    /// Set by `lru_crawler metadump` and `mgdump`: the worker starts the dump (and reads no
+    /// further request of the connection until it has sent it).
+    pub metadump: &'a mut Option<(MetadumpClasses, DumpFormat)>,
 }
 
 /// Whether a request must wait for the connection's pending reads: it writes,
@@ -195,13 +196,14 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         // kura has no slab allocator or LRU segments to tune: memcached's answer.
         Request::Tuning(reply) => ctx.out.push_bytes(reply.line()),
         Request::Shutdown(_) => ctx.out.push_bytes(SHUTDOWN_DISABLED),
-        Request::Metadump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::DISABLED_REPLY),
-        Request::Metadump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
+        Request::Metadump(_) | Request::Mgdump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::DISABLED_REPLY),
+        Request::Metadump(MetadumpClasses::Invalid) | Request::Mgdump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
         Request::LruCrawler(command) => {
             let reply = ctx.sources.crawler.command(command);
             ctx.out.push_bytes(reply);
         }
-        Request::Metadump(classes) => *ctx.metadump = Some(classes),
+        Request::Metadump(classes) => *ctx.metadump = Some((classes, DumpFormat::Metadump)),
+        Request::Mgdump(classes) => *ctx.metadump = Some((classes, DumpFormat::Mg)),
         Request::CacheMemlimit { limit_mb, noreply } => {
             if limit_mb < CACHE_MEMLIMIT_MB_MIN {
                 ctx.out

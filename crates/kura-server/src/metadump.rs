@@ -13,6 +13,14 @@
 //! bit: `la` is when the item was stored, `fetch` is `no`. `cls` and `size` are what
 //! memcached with its default slab classes (`-n 48 -f 1.25`) would report for the item,
 //! so that tools which read them see familiar numbers; kura has no slabs.
+//!
+//! `lru_crawler mgdump` (memcached 1.6.19+) walks the same items and prints each as a meta
+//! get, `mg <key>\r\n`, then `EN\r\n`: a list that can be sent back to a server as it is
+//! (memcached's `mcdumpload` copies a cache that way, appending its flags to each line). A key
+//! that is not a text key (it was stored base64-encoded, with `b`, and holds a space or a
+//! control byte) is printed base64-encoded with ` b`, as memcached prints keys it stored
+//! binary; kura does not record how a key was sent, so a binary key that happens to be text
+//! is printed as text, which names the same item.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +55,25 @@ const SLAB_CHUNK_MAX_BYTES: usize = 512 * 1024;
 pub const BUSY_REPLY: &[u8] = b"BUSY currently processing crawler request\r\n";
 pub const BADCLASS_REPLY: &[u8] = b"BADCLASS invalid class id\r\n";
 const END_REPLY: &[u8] = b"END\r\n";
+const MG_END_REPLY: &[u8] = b"EN\r\n";
+
+/// What a dump prints of each item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DumpFormat {
+    /// `lru_crawler metadump`: `key=… exp=… la=… cas=… fetch=… cls=… size=…`, then `END`.
+    Metadump,
+    /// `lru_crawler mgdump`: `mg <key>`, then `EN`.
+    Mg,
+}
+
+impl DumpFormat {
+    fn end(self) -> &'static [u8] {
+        match self {
+            Self::Metadump => END_REPLY,
+            Self::Mg => MG_END_REPLY,
+        }
+    }
+}
 const SHUTDOWN_REPLY: &[u8] = b"SERVER_ERROR metadump stopped: server shutting down\r\n";
 
 /// A running dump, as its connection holds it.
@@ -66,7 +93,7 @@ pub struct Dump {
 /// Starts a dump of the items of `classes` on a thread of its own; `wake` is called
 /// whenever a chunk is ready and when the dump ends (the worker then drains the channel).
 /// `running` is the server's one-dump flag, set by the caller and cleared when the thread ends.
-pub fn start(store: Arc<Store>, classes: MetadumpClasses, wake: Arc<dyn Fn() + Send + Sync>, running: Arc<AtomicBool>) -> std::io::Result<Dump> {
+pub fn start(store: Arc<Store>, classes: MetadumpClasses, format: DumpFormat, wake: Arc<dyn Fn() + Send + Sync>, running: Arc<AtomicBool>) -> std::io::Result<Dump> {
     let (tx, chunks) = sync_channel(CHANNEL_CHUNKS);
     let stop = Arc::new(AtomicBool::new(false));
     let shutdown = Arc::new(AtomicBool::new(false));
@@ -75,7 +102,7 @@ pub fn start(store: Arc<Store>, classes: MetadumpClasses, wake: Arc<dyn Fn() + S
         // Clears the server's flag however the dump ends (a panic included).
         let running = ClearOnDrop(running);
         let sender = ChunkSender { tx, stop: thread_stop, shutdown: thread_shutdown, wake: Arc::clone(&wake) };
-        run(&store, classes, &sender);
+        run(&store, classes, format, &sender);
         // The flag is clear before the channel closes, so that the connection's next dump,
         // parsed as soon as the worker sees the close, is not refused; then the worker is
         // woken to see it.
@@ -132,7 +159,7 @@ impl ChunkSender {
     }
 }
 
-fn run(store: &Store, classes: MetadumpClasses, sender: &ChunkSender) {
+fn run(store: &Store, classes: MetadumpClasses, format: DumpFormat, sender: &ChunkSender) {
     let mut chunk = Vec::with_capacity(CHUNK_BYTES + 512);
     let mut gone = false;
     let scanned = store.engine().scan(&mut |r| {
@@ -145,7 +172,10 @@ fn run(store: &Store, classes: MetadumpClasses, sender: &ChunkSender) {
         if store.liveness(&view.meta) != Liveness::Live {
             return true;
         }
-        item_line(&mut chunk, view.key(r.value), &view, r.version, &classes);
+        match format {
+            DumpFormat::Metadump => item_line(&mut chunk, view.key(r.value), &view, r.version, &classes),
+            DumpFormat::Mg => mg_line(&mut chunk, view.key(r.value), &view, &classes),
+        }
         if chunk.len() >= CHUNK_BYTES && !sender.send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_BYTES + 512))) {
             gone = true;
             return false;
@@ -157,7 +187,7 @@ fn run(store: &Store, classes: MetadumpClasses, sender: &ChunkSender) {
     }
     match scanned {
         _ if sender.shutdown.load(Ordering::Acquire) => chunk.extend_from_slice(SHUTDOWN_REPLY),
-        Ok(_) => chunk.extend_from_slice(END_REPLY),
+        Ok(_) => chunk.extend_from_slice(format.end()),
         Err(error) => {
             tracing::error!(%error, "metadump: reading the store failed");
             chunk.extend_from_slice(format!("SERVER_ERROR metadump failed: {error}\r\n").as_bytes());
@@ -178,6 +208,24 @@ pub fn item_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, version: u64,
     let exp = if meta.expire_at_s == 0 { -1 } else { meta.expire_at_s };
     let la = meta.set_time_us / 1_000_000;
     out.extend_from_slice(format!(" exp={exp} la={la} cas={} fetch=no cls={class} size={size}\n", meta.cas(version)).as_bytes());
+}
+
+/// Appends the item's `mg <key>` line if its class is among `classes` (memcached's
+/// `crawler_mgdump_eval`): the key as it is, or base64-encoded with ` b` if it is not a text
+/// key.
+pub fn mg_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, classes: &MetadumpClasses) {
+    let (_, class) = memcached_size_and_class(key, view);
+    if !classes.includes(class) {
+        return;
+    }
+    out.extend_from_slice(b"mg ");
+    if key.iter().any(|&b| b <= b' ' || b == 0x7f) {
+        kura_proto::encode_base64(key, out);
+        out.extend_from_slice(b" b\r\n");
+    } else {
+        out.extend_from_slice(key);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// What memcached with its default slab classes would report for the item: its `size=` and

@@ -339,7 +339,7 @@ impl Worker {
     }
 
     /// Starts the metadump a request on connection `index` asked for (or answers `BUSY`).
-    fn start_dump(&mut self, index: usize, classes: kura_proto::MetadumpClasses) {
+    fn start_dump(&mut self, index: usize, (classes, format): (kura_proto::MetadumpClasses, metadump::DumpFormat)) {
         let Some(conn) = self.conns[index].as_mut() else { return };
         let running = &self.shared.conns.lru_crawler_running;
         if running.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
@@ -350,7 +350,7 @@ impl Worker {
         let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
             let _ = waker.wake();
         });
-        match metadump::start(Arc::clone(&self.shared.store), classes, wake, Arc::clone(running)) {
+        match metadump::start(Arc::clone(&self.shared.store), classes, format, wake, Arc::clone(running)) {
             Ok(dump) => {
                 if self.draining_since.is_some() {
                     dump.shutdown.store(true, Ordering::Release);
@@ -617,16 +617,17 @@ impl Worker {
     /// Runs every complete request in the input buffer, until one is
     /// incomplete or the connection must wait.
     fn execute_buffered(&mut self, index: usize) {
-        while let Some(classes) = self.execute_buffered_until_dump(index) {
-            self.start_dump(index, classes);
+        while let Some(dump) = self.execute_buffered_until_dump(index) {
+            self.start_dump(index, dump);
             if self.conns[index].as_ref().is_none_or(|c| c.dump.is_some()) {
                 return;
             }
         }
     }
 
-    /// [`Worker::execute_buffered`] up to an `lru_crawler metadump`, whose classes it returns.
-    fn execute_buffered_until_dump(&mut self, index: usize) -> Option<kura_proto::MetadumpClasses> {
+    /// [`Worker::execute_buffered`] up to an `lru_crawler metadump` or `mgdump`, whose classes
+    /// and format it returns.
+    fn execute_buffered_until_dump(&mut self, index: usize) -> Option<(kura_proto::MetadumpClasses, metadump::DumpFormat)> {
         let limits = self.shared.limits.clone();
         let conn = self.conns[index].as_mut()?;
         let mut dump_asked = None;

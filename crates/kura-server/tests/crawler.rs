@@ -66,7 +66,6 @@ fn crawler_commands_answer_as_memcached() {
         "lru_crawler crawl hash",
         "lru_crawler crawl 1,",
         "lru_crawler crawl all",
-        "lru_crawler mgdump all",
     ];
     let (mut theirs, mut ours) = (Client::connect(memcached.port), kura.client());
     for line in lines {

@@ -276,3 +276,105 @@ fn memcached_tool_dumps_and_the_dump_reloads() {
         assert_eq!(r.line(), "END\r\n");
     }
 }
+
+/// Reads lines until `EN` (the end of an mgdump); returns the lines before it.
+fn mg_lines(c: &mut Client, request: &str) -> Vec<String> {
+    c.send(request);
+    let mut lines = Vec::new();
+    loop {
+        let line = c.line();
+        if line == "EN\r\n" {
+            return lines;
+        }
+        assert!(line.starts_with("mg ") && line.ends_with("\r\n"), "{line:?}");
+        lines.push(line);
+    }
+}
+
+/// `lru_crawler mgdump` (memcached 1.6.19+): an `mg <key>` line per live item, a key that is
+/// not text base64-encoded with ` b`, then `EN`. Every line, sent back, is a meta get that
+/// hits; with flags appended it fetches the item (what `mcdumpload` does to copy a cache).
+/// Classes select and errors answer as for `metadump`; requests pipelined behind wait for it.
+#[test]
+fn mgdump_lists_meta_gets_that_can_be_sent_back() {
+    let kura = Kura::start(&[]);
+    let mut k = kura.client();
+    let big = vec![b'y'; 5000];
+    load(&mut k, &big);
+    // A binary key (a space and a control byte in it), stored base64-encoded.
+    let binary_key: &[u8] = b"bin key\x01\xff";
+    let mut encoded = Vec::new();
+    kura_proto::encode_base64(binary_key, &mut encoded);
+    let encoded = String::from_utf8(encoded).unwrap();
+    k.expect(format!("ms {encoded} 3 b F9\r\nbin\r\n"), "HD\r\n");
+    // A base64 key that decodes to text is the text key's item.
+    k.expect("ms dGV4dA== 2 b\r\nab\r\n", "HD\r\n");
+
+    let mut lines = mg_lines(&mut k, "lru_crawler mgdump all\r\n");
+    lines.sort();
+    let mut expected = ["mg \"sp\r\n", "mg a%b\r\n", "mg big\r\n", "mg k2\r\n", "mg text\r\n", "mg tiny\r\n"].map(str::to_owned).to_vec();
+    expected.push(format!("mg {encoded} b\r\n"));
+    expected.sort();
+    assert_eq!(lines, expected, "expired (dead), deleted (gone) and never-stored items are not listed");
+
+    // Sent back as they are: each is a hit. With flags: the item itself.
+    let replay: String = lines.concat();
+    let mut hits = String::new();
+    k.send(&replay);
+    for _ in &lines {
+        hits.push_str(&k.line());
+    }
+    assert_eq!(hits, "HD\r\n".repeat(lines.len()));
+    let line = format!("mg {encoded} b\r\n");
+    k.send(line.replace("\r\n", " v f\r\n"));
+    assert_eq!(k.line(), "VA 3 f9\r\n");
+    assert_eq!(k.line(), "bin\r\n");
+
+    // Classes as metadump's; errors as metadump's.
+    assert_eq!(mg_lines(&mut k, "lru_crawler mgdump 19\r\n"), vec!["mg big\r\n"]);
+    assert_eq!(mg_lines(&mut k, "lru_crawler mgdump hash\r\n").len(), expected.len());
+    assert!(mg_lines(&mut k, "lru_crawler mgdump 2\r\n").is_empty());
+    k.expect("lru_crawler mgdump 0\r\n", "BADCLASS invalid class id\r\n");
+    k.expect("lru_crawler mgdump\r\n", "ERROR\r\n");
+    // Pipelined behind: answered after EN, in order.
+    k.expect("lru_crawler mgdump 2\r\nmn\r\nlru_crawler mgdump 2\r\nmg k2 v\r\n", "EN\r\nMN\r\nEN\r\nVA 1\r\nx\r\n");
+    // Disabled crawler: refused as metadump is.
+    k.expect("lru_crawler disable\r\n", "OK\r\n");
+    k.expect("lru_crawler mgdump all\r\n", "CLIENT_ERROR lru crawler disabled\r\n");
+    k.expect("lru_crawler enable\r\n", "OK\r\n");
+}
+
+/// A large mgdump streams whole (more than the connection's output limit) and lists every item
+/// once; a client that leaves in the middle does not stop the server.
+#[test]
+fn large_mgdumps_stream_whole() {
+    const ITEMS: usize = 100_000;
+    let kura = Kura::start(&["--size", "256M"]);
+    let mut c = kura.client();
+    load_many(&mut c, "key:", ITEMS);
+    let lines = mg_lines(&mut c, "lru_crawler mgdump all\r\n");
+    assert_eq!(lines.len(), ITEMS);
+    let unique: std::collections::BTreeSet<&String> = lines.iter().collect();
+    assert_eq!(unique.len(), ITEMS, "each item once");
+    assert!(unique.contains(&"mg key:000000\r\n".to_owned()) && unique.contains(&format!("mg key:{:06}\r\n", ITEMS - 1)));
+
+    // Leaves after the first bytes; the next dump is not BUSY for long.
+    let mut gone = kura.client();
+    gone.send("lru_crawler mgdump all\r\n");
+    let mut first = [0u8; 3];
+    gone.reader.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"mg ");
+    drop(gone);
+    assert!(common::eventually(Duration::from_secs(20), || {
+        c.send("lru_crawler mgdump 2\r\n");
+        match c.line().as_str() {
+            "EN\r\n" => true,
+            line => {
+                assert!(line.starts_with("BUSY"), "{line:?}");
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        }
+    }));
+    c.expect("mg key:000007 v\r\n", "VA 20\r\n00000000000000000007\r\n");
+}

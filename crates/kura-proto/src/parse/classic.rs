@@ -223,13 +223,14 @@ fn shutdown_mode(line: &Line<'_>) -> ShutdownMode {
     }
 }
 
-/// memcached's `process_lru_crawler_command`: `crawl`, `metadump`, `sleep` and `tocrawl`
+/// memcached's `process_lru_crawler_command`: `crawl`, `metadump`, `mgdump`, `sleep` and `tocrawl`
 /// take one argument, `enable` and `disable` none; anything else is `ERROR`.
 fn lru_crawler(line: &Line<'_>) -> Result<Request<'static>, LineError> {
     const SLEEP_US_MAX: u64 = 1_000_000;
     let number = || parse_u64(line.get(2)).ok_or_else(|| LineError::new(ErrorKind::BadCommandLineFormat));
     Ok(match (line.count(), line.get(1)) {
         (3, b"metadump") => Request::Metadump(metadump_classes(line.get(2))),
+        (3, b"mgdump") => Request::Mgdump(metadump_classes(line.get(2))),
         (3, b"crawl") => Request::LruCrawler(CrawlerCommand::Crawl(metadump_classes(line.get(2)))),
         (3, b"tocrawl") => Request::LruCrawler(CrawlerCommand::ToCrawl(number()? as u32)),
         (3, b"sleep") => match number()? {

@@ -716,11 +716,18 @@ mod other_classic {
             let line = [&b"lru_crawler metadump "[..], bad, b"\r\n"].concat();
             assert_eq!(ok(&line), Request::Metadump(MetadumpClasses::Invalid), "{}", String::from_utf8_lossy(bad));
         }
+        // mgdump takes the same classes.
+        assert_eq!(ok(b"lru_crawler mgdump all\r\n"), Request::Mgdump(MetadumpClasses::All));
+        assert_eq!(ok(b"lru_crawler mgdump hash\r\n"), Request::Mgdump(MetadumpClasses::Hash));
+        assert_eq!(ok(b"lru_crawler mgdump 2,5\r\n"), Request::Mgdump(MetadumpClasses::Classes(0b100100)));
+        assert_eq!(ok(b"lru_crawler mgdump 99\r\n"), Request::Mgdump(MetadumpClasses::Invalid));
         assert!(MetadumpClasses::Classes(0b1010).includes(3) && !MetadumpClasses::Classes(0b1010).includes(2));
         assert!(MetadumpClasses::All.includes(40) && !MetadumpClasses::Invalid.includes(1));
         for error in [
             &b"lru_crawler metadump\r\n"[..],
             b"lru_crawler metadump all extra\r\n",
+            b"lru_crawler mgdump\r\n",
+            b"lru_crawler mgdump all extra\r\n",
             b"lru_crawler\r\n",
             b"lru_crawler crawl\r\n",
             b"lru_crawler crawl all extra\r\n",
@@ -728,7 +735,6 @@ mod other_classic {
             b"lru_crawler tocrawl\r\n",
             b"lru_crawler enable x\r\n",
             b"lru_crawler bogus\r\n",
-            b"lru_crawler mgdump all\r\n",
         ] {
             assert_eq!(err(error).kind, ErrorKind::UnknownCommand, "{}", String::from_utf8_lossy(error));
         }
