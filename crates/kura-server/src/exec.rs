@@ -115,6 +115,8 @@ pub struct Ctx<'a> {
     pub reads: &'a mut ReadQueue,
     pub conn: usize,
     pub conn_gen: u64,
+    /// The connection's socket (how `stats conns` names it).
+    pub conn_fd: i32,
     pub out: &'a mut Output,
     /// Set when the request wrote (for `--sync always`).
     pub wrote: &'a mut bool,
@@ -577,7 +579,18 @@ fn stats(ctx: &mut Ctx<'_>, args: &kura_proto::Tokens<'_>) {
         // memcached with no slabs in use says).
         Some(b"slabs") => vec![("active_slabs", StatValue::U64(0)), ("total_malloced", StatValue::U64(0))],
         Some(b"sizes") => vec![("sizes_status", StatValue::Text("disabled".to_owned()))],
-        Some(b"items" | b"conns") => Vec::new(),
+        Some(b"items") => Vec::new(),
+        Some(b"conns") => {
+            let now_s = ctx.sources.info.started.elapsed().as_secs();
+            let lines = ctx.sources.conns.registry.lines(ctx.conn_fd, now_s);
+            ctx.out.push_with(|out| {
+                for (name, value) in &lines {
+                    encode::stat(out, name.as_bytes(), value.as_bytes());
+                }
+                encode::reply(out, Reply::End);
+            });
+            return;
+        }
         // Per-prefix statistics: kura keeps none, so a dump lists no prefix.
         Some(b"detail") => {
             let reply: &[u8] = match words.next() {

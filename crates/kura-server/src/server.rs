@@ -115,6 +115,13 @@ impl Server {
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
         let conns = Arc::new(ConnStats::default());
+        for listener in &listeners {
+            if let Ok(addr) = listener.local_addr() {
+                use std::os::fd::AsRawFd as _;
+                let entry = crate::stats::ConnEntry::new(crate::stats::conn_addr(&addr), None, 0);
+                conns.registry.insert(listener.as_raw_fd(), Arc::new(entry));
+            }
+        }
         let shared = Arc::new(Shared {
             sources: StatsSources {
                 info: ServerInfo {

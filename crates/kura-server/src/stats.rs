@@ -53,6 +53,109 @@ pub struct ConnStats {
     /// memcached's crawler); jobs started.
     pub lru_crawler_running: Arc<std::sync::atomic::AtomicBool>,
     pub lru_crawler_starts: AtomicU64,
+    /// Every listener and connection, for `stats conns`.
+    pub registry: ConnRegistry,
+}
+
+/// The listeners and open connections by file descriptor, as `stats conns` lists them
+/// (memcached walks its table of connections by fd). A connection registers when a worker
+/// takes it and leaves when it closes; at most `-c` connections plus the listeners.
+#[derive(Debug, Default)]
+pub struct ConnRegistry {
+    entries: std::sync::Mutex<std::collections::BTreeMap<i32, Arc<ConnEntry>>>,
+}
+
+/// One listener or connection in the [`ConnRegistry`].
+#[derive(Debug)]
+pub struct ConnEntry {
+    /// The peer's address (a listener's own), as memcached prints it: `tcp:<ip>:<port>`,
+    /// `tcp6:[<ip>]:<port>`.
+    pub addr: String,
+    /// The address it was accepted on; `None` for a listener.
+    pub listen_addr: Option<String>,
+    /// Seconds from the server's start to the last command read (to the accept, before
+    /// one): `secs_since_last_cmd` is the time since.
+    last_cmd_s: AtomicU64,
+    /// Replies are waiting for the client to read them (`conn_mwrite`).
+    writing: std::sync::atomic::AtomicBool,
+    /// The client has sent something (until then memcached lists it as `conn_new_cmd`).
+    spoke: std::sync::atomic::AtomicBool,
+}
+
+impl ConnEntry {
+    pub fn new(addr: String, listen_addr: Option<String>, now_s: u64) -> Self {
+        Self { addr, listen_addr, last_cmd_s: AtomicU64::new(now_s), writing: Default::default(), spoke: Default::default() }
+    }
+
+    /// A command arrived `now_s` seconds after the server's start.
+    pub fn touch(&self, now_s: u64) {
+        self.last_cmd_s.store(now_s, Ordering::Relaxed);
+        self.spoke.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether replies wait for the client to read them.
+    pub fn set_writing(&self, writing: bool) {
+        self.writing.store(writing, Ordering::Relaxed);
+    }
+}
+
+/// memcached's form of an address in `stats conns`.
+pub fn conn_addr(addr: &std::net::SocketAddr) -> String {
+    match addr {
+        std::net::SocketAddr::V4(a) => format!("tcp:{a}"),
+        std::net::SocketAddr::V6(a) => format!("tcp6:{a}"),
+    }
+}
+
+impl ConnRegistry {
+    pub fn insert(&self, fd: i32, entry: Arc<ConnEntry>) {
+        self.lock().insert(fd, entry);
+    }
+
+    /// Removes `fd`'s entry if it is still `entry` (a descriptor closed and reused by a newer
+    /// connection keeps the newer one's).
+    pub fn remove(&self, fd: i32, entry: &Arc<ConnEntry>) {
+        let mut entries = self.lock();
+        if entries.get(&fd).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            entries.remove(&fd);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<i32, Arc<ConnEntry>>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `stats conns`' lines, memcached's: for each descriptor in order `<fd>:addr`,
+    /// `<fd>:listen_addr` (connections), `<fd>:state` and `<fd>:secs_since_last_cmd`. The
+    /// asking connection (`asking_fd`) is `conn_parse_cmd`, one whose replies wait for its
+    /// client `conn_mwrite`, one that has sent nothing yet `conn_new_cmd`, the others
+    /// `conn_read` (waiting for a command), listeners `conn_listening`.
+    pub fn lines(&self, asking_fd: i32, now_s: u64) -> Vec<(String, String)> {
+        let entries = self.lock();
+        let mut lines = Vec::with_capacity(entries.len() * 4);
+        for (fd, entry) in entries.iter() {
+            lines.push((format!("{fd}:addr"), entry.addr.clone()));
+            let state = match &entry.listen_addr {
+                None => "conn_listening",
+                Some(listen_addr) => {
+                    lines.push((format!("{fd}:listen_addr"), listen_addr.clone()));
+                    if *fd == asking_fd {
+                        "conn_parse_cmd"
+                    } else if entry.writing.load(Ordering::Relaxed) {
+                        "conn_mwrite"
+                    } else if !entry.spoke.load(Ordering::Relaxed) {
+                        "conn_new_cmd"
+                    } else {
+                        "conn_read"
+                    }
+                }
+            };
+            lines.push((format!("{fd}:state"), state.to_owned()));
+            let since = now_s.saturating_sub(entry.last_cmd_s.load(Ordering::Relaxed));
+            lines.push((format!("{fd}:secs_since_last_cmd"), since.to_string()));
+        }
+        lines
+    }
 }
 
 /// What the `stats` command reports besides counters.

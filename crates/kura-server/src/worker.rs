@@ -30,6 +30,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read};
+use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
@@ -43,7 +44,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use crate::exec::{self, Ctx, Flow, Lookups, bump, finish_lookup};
 use crate::metadump::{self, Dump};
 use crate::output::Output;
-use crate::stats::{ConnStats, StatsSources, WorkerStats};
+use crate::stats::{ConnEntry, ConnStats, StatsSources, WorkerStats};
 use crate::store::Store;
 use crate::uring::{Completion, ReadQueue};
 
@@ -93,6 +94,8 @@ pub struct Shared {
 
 struct Conn {
     stream: TcpStream,
+    /// What `stats conns` shows of it.
+    entry: Arc<ConnEntry>,
     generation: u64,
     /// Unparsed input is `input[start..end]`; the buffer's length is its capacity.
     input: Vec<u8>,
@@ -396,8 +399,12 @@ impl Worker {
             }
             let generation = self.next_gen;
             self.next_gen += 1;
+            let addr = |a: io::Result<std::net::SocketAddr>| a.map_or_else(|_| "tcp:?".to_owned(), |a| crate::stats::conn_addr(&a));
+            let entry = Arc::new(ConnEntry::new(addr(stream.peer_addr()), Some(addr(stream.local_addr())), self.uptime_s()));
+            self.shared.conns.registry.insert(stream.as_raw_fd(), Arc::clone(&entry));
             self.conns[index] = Some(Conn {
                 stream,
+                entry,
                 generation,
                 input: vec![0; INPUT_CHUNK_BYTES],
                 start: 0,
@@ -434,6 +441,11 @@ impl Worker {
                 self.queue_dirty(index);
             }
         }
+    }
+
+    /// Whole seconds since the server started (`stats conns`' clock).
+    fn uptime_s(&self) -> u64 {
+        self.shared.sources.info.started.elapsed().as_secs()
     }
 
     fn queue_ready(&mut self, index: usize) {
@@ -484,6 +496,7 @@ impl Worker {
                 reads: &mut self.reads,
                 conn: conn_index,
                 conn_gen: conn.generation,
+                conn_fd: conn.stream.as_raw_fd(),
                 out: &mut conn.out,
                 wrote: &mut wrote,
                 sync_requested: &mut self.sync_requested,
@@ -598,7 +611,9 @@ impl Worker {
                     conn.readable = false;
                 }
                 conn.end += n;
-                conn.last_active = Instant::now();
+                let now = Instant::now();
+                conn.last_active = now;
+                conn.entry.touch(now.saturating_duration_since(self.shared.sources.info.started).as_secs());
                 bump_by(&self.stats.bytes_read, n);
                 ReadResult::Data
             }
@@ -647,6 +662,7 @@ impl Worker {
             if conn.closing || conn.blocked(&limits) || conn.start == conn.end {
                 break;
             }
+            let conn_fd = conn.stream.as_raw_fd();
             let Conn {
                 input,
                 start,
@@ -691,6 +707,7 @@ impl Worker {
                         reads: &mut self.reads,
                         conn: index,
                         conn_gen: *generation,
+                        conn_fd,
                         out,
                         wrote: &mut wrote,
                         sync_requested: &mut self.sync_requested,
@@ -783,6 +800,7 @@ impl Worker {
                         conn.last_active = Instant::now();
                         bump_by(&self.stats.bytes_written, n);
                     }
+                    conn.entry.set_writing(!conn.out.is_empty());
                 }
                 Err(_) => {
                     self.close(index);
@@ -870,6 +888,7 @@ impl Worker {
             self.dumps -= 1;
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.shared.conns.registry.remove(conn.stream.as_raw_fd(), &conn.entry);
         self.free.push(index);
         self.shared
             .conns

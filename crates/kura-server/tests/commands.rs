@@ -560,3 +560,103 @@ fn http_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut out).unwrap();
     out
 }
+
+/// `stats conns` as memcached's, per connection by its client's address: the listener
+/// (`conn_listening`), a client that stored something (`conn_read`) and one that never sent a
+/// command (`conn_new_cmd`), seconds since their last command counting, the asking one
+/// (`conn_parse_cmd`, 0 s); one that stopped reading its replies is `conn_mwrite` in kura
+/// (memcached, which takes turns between connections, lists it as `conn_new_cmd` or
+/// `conn_mwrite`); a closed connection leaves the list.
+#[test]
+fn stats_conns_as_memcached() {
+    let kura = Kura::start(&[]);
+    let theirs = match common::Memcached::start(&[]) {
+        Ok(m) => Some(m),
+        Err(reason) => {
+            kura_testkit::skip(&format!("no memcached to compare stats conns with: {reason}"));
+            None
+        }
+    };
+    let ours = conns_view(kura.port);
+    assert!(ours.contains(&("stuck".to_owned(), "state".to_owned(), "conn_mwrite".to_owned())), "{ours:?}");
+    if let Some(m) = &theirs {
+        let stuck_as_ours = |view: Vec<(String, String, String)>| -> Vec<(String, String, String)> {
+            view.into_iter()
+                .map(|(role, field, value)| match (role.as_str(), field.as_str(), value.as_str()) {
+                    ("stuck", "state", "conn_new_cmd" | "conn_mwrite") => (role, field, "conn_mwrite".to_owned()),
+                    _ => (role, field, value),
+                })
+                .collect()
+        };
+        assert_eq!(ours, stuck_as_ours(conns_view(m.port)), "kura's stats conns (left) against memcached's");
+    }
+}
+
+/// `stats conns` on a server at `port` as (role, field, value) lines, roles for the
+/// connections this opens, addresses and descriptors replaced by roles, seconds as 0 or ≥ 1.
+fn conns_view(port: u16) -> Vec<(String, String, String)> {
+    let mut stored = Client::connect(port);
+    stored.set("k", b"v");
+    let idle = Client::connect(port);
+    // Stops reading: 2,000 replies of 60 KB fill its socket and the server's output.
+    let mut stuck = Client::connect(port);
+    stuck.set("big", &vec![b'b'; 60_000]);
+    stuck.send("get big\r\n".repeat(2000));
+    let mut asking = Client::connect(port);
+    asking.send("version\r\n");
+    asking.line();
+    std::thread::sleep(Duration::from_millis(1300));
+    let local_port = |c: &Client| c.stream.local_addr().unwrap().port();
+    let roles = [(local_port(&stored), "stored"), (local_port(&idle), "idle"), (local_port(&stuck), "stuck"), (local_port(&asking), "asking")];
+    let listing = asking.until_end("stats conns\r\n");
+    // Lines by descriptor, in the order listed.
+    let mut by_fd: Vec<(u32, Vec<(String, String)>)> = Vec::new();
+    for line in listing.lines().filter(|l| *l != "END") {
+        let rest = line.strip_prefix("STAT ").unwrap_or_else(|| panic!("{line:?}"));
+        let (name, value) = rest.split_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        let (fd, field) = name.split_once(':').unwrap_or_else(|| panic!("{line:?}"));
+        let fd: u32 = fd.parse().unwrap_or_else(|_| panic!("{line:?}"));
+        match by_fd.last_mut() {
+            Some((last, fields)) if *last == fd => fields.push((field.to_owned(), value.to_owned())),
+            _ => {
+                assert!(by_fd.iter().all(|(other, _)| *other < fd), "descriptors in order: {listing}");
+                by_fd.push((fd, vec![(field.to_owned(), value.to_owned())]));
+            }
+        }
+    }
+    let listener = format!("tcp:127.0.0.1:{port}");
+    let mut view = Vec::new();
+    for (_, fields) in by_fd {
+        let addr = &fields[0].1;
+        let role = if *addr == listener {
+            "listener"
+        } else {
+            let client_port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+            match roles.iter().find(|(p, _)| *p == client_port) {
+                Some((_, role)) => role,
+                None => continue, // another client of the server (a start-up probe)
+            }
+        };
+        for (field, value) in fields {
+            let value = match field.as_str() {
+                "addr" if role != "listener" => "<client>".to_owned(),
+                "addr" => "<listener>".to_owned(),
+                "listen_addr" => {
+                    assert_eq!(value, listener);
+                    "<listener>".to_owned()
+                }
+                "secs_since_last_cmd" if role != "listener" => if value.parse::<u64>().unwrap() >= 1 { ">=1" } else { "0" }.to_owned(),
+                "secs_since_last_cmd" => "<uptime>".to_owned(),
+                _ => value,
+            };
+            view.push((role.to_owned(), field, value));
+        }
+    }
+    view.sort();
+    assert_eq!(view.iter().filter(|(_, f, _)| f == "addr").count(), 5, "{listing}");
+    // A closed connection leaves the list.
+    drop(stored);
+    assert!(eventually(Duration::from_secs(5), || !asking.until_end("stats conns\r\n").contains(&format!(":{}\r\n", roles[0].0))));
+    drop(stuck);
+    view
+}
