@@ -131,22 +131,26 @@ pub struct Done<B> {
 }
 
 /// What [`BlockQueue::submit_block_status`] finds of a block, one byte per block.
+///
+/// Only whether the block is stored: the pool is asked whether its key exists
+/// ([`Context::submit_exists`]), so the 4 KiB value does not cross the network. A stored
+/// block that holds only zeros (written with `no_hole`, or before zero blocks were deleted)
+/// is therefore `Data`, never told apart: "data" is always a correct answer to a block
+/// status (NBD's `STATE_ZERO` is a hint), and looking at the value would cost as much as
+/// reading the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum BlockState {
-    /// Stored, with data.
+    /// Stored (its contents unknown: possibly all zeros).
     Data = 0,
-    /// Stored, all zeros (written before zero blocks were deleted, or with `no_hole`).
-    Zeros = 1,
     /// Not in the pool: reads as zeros and takes no room.
-    Absent = 2,
+    Absent = 1,
 }
 
 impl BlockState {
     pub fn from_byte(b: u8) -> Self {
         match b {
             0 => Self::Data,
-            1 => Self::Zeros,
             _ => Self::Absent,
         }
     }
@@ -155,7 +159,7 @@ impl BlockState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cmd {
     Read,
-    /// Which blocks are stored (a get per block; the value is only looked at).
+    /// Which blocks are stored (an existence probe per block: no value is sent).
     Status,
     Write,
     Flush,
@@ -463,7 +467,8 @@ impl<B: ReadBuf> BlockQueue<B> {
                 break;
             }
             let submitted = match req.cmd {
-                Cmd::Read | Cmd::Status => ctx.submit_get(&key, tok),
+                Cmd::Read => ctx.submit_get(&key, tok),
+                Cmd::Status => ctx.submit_exists(&key, tok),
                 Cmd::Write => {
                     let data = borrowed.or(req.data.as_deref()).expect("a write's data");
                     let block = &data[seg.in_buf()];
@@ -696,11 +701,7 @@ impl<B: ReadBuf> State<B> {
                         }
                     }
                     Ok(outcome) if req.cmd == Cmd::Status => {
-                        let state = match outcome {
-                            Outcome::Value(v) if kura_pool::is_zeros(v) => BlockState::Zeros,
-                            Outcome::Value(_) => BlockState::Data,
-                            _ => BlockState::Absent,
-                        };
+                        let state = if outcome == Outcome::Missing { BlockState::Absent } else { BlockState::Data };
                         req.buf.as_mut().expect("a status buffer").bytes_mut()[index as usize] = state as u8;
                     }
                     Ok(_) => {}

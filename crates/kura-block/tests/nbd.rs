@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::raw_client::RawClient;
 use common::{Backend, NbdProcess, kura, pattern, run};
 use kura_block::nbd::proto;
-use kura_testkit::{require_cmd, try_or_skip};
+use kura_testkit::{memcache_stat, require_cmd, try_or_skip};
 
 fn fio(args: &[&str]) -> Result<String, String> {
     run("fio", args)
@@ -217,6 +217,42 @@ fn block_status_reports_data_and_holes_to_real_clients() {
         let allocated = std::fs::metadata(&sparse).unwrap().blocks() * 512;
         assert!(allocated < 4 << 20, "{name}: the copy of 1.2 MiB of data over 64 MiB allocates {allocated} bytes");
         eprintln!("block status on {name}: {} extents as expected", expected.len());
+    }
+}
+
+/// Block status asks the pool whether each block exists (`mg <key>`: `HD`/`EN`), so the
+/// values stay on the server: `nbdinfo --map` of a volume with 16 MiB written makes the kura
+/// server (and memcached) send a few bytes per block, where a get per block sent all 16 MiB.
+/// A block stored as zeros (`WRITE_ZEROES` with `NO_HOLE`) is reported as data (flags 0, which
+/// is always correct): telling its zeros apart would need the value.
+#[test]
+fn block_status_sends_no_values_from_the_pool() {
+    try_or_skip!(require_cmd("qemu-io"));
+    try_or_skip!(require_cmd("nbdinfo"));
+    const HOLE: u64 = (proto::STATE_HOLE | proto::STATE_ZERO) as u64;
+    let mut backends = vec![Backend::kura()];
+    match Backend::memcached() {
+        Ok(b) => backends.push(b),
+        Err(reason) => kura_testkit::skip(&reason),
+    }
+    for backend in backends {
+        let name = backend.name();
+        let port = match &backend {
+            Backend::Kura(server) => server.port,
+            Backend::Memcached { port, .. } => *port,
+            _ => unreachable!("memcached-protocol backends"),
+        };
+        backend.create_volume("s", "64M");
+        let nbd = NbdProcess::start(&backend.url(), &[]);
+        let uri = nbd.uri("s");
+        run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x5a 0 16M", "-c", "write -z 32M 64k", "-c", "flush"]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let before = memcache_stat(port, "bytes_written");
+        let map = allocation_map(&uri);
+        let sent = memcache_stat(port, "bytes_written") - before;
+        // 16 K blocks probed, `HD`/`EN` each, plus the volume's record and a `stats` reply.
+        assert!(sent < 256 << 10, "{name}: the server sent {sent} bytes for the block status of 16 MiB written");
+        assert_eq!(map, vec![(0, 16 << 20, 0), (16 << 20, 16 << 20, HOLE), (32 << 20, 64 << 10, 0), ((32 << 20) + (64 << 10), (32 << 20) - (64 << 10), HOLE)], "{name}");
+        eprintln!("block status on {name}: {sent} bytes from the server for 64 MiB mapped, 16 MiB written");
     }
 }
 

@@ -48,7 +48,7 @@ pub enum WriteMode {
     DirectSync,
 }
 
-/// Chunks one `SEEK_DATA`/`SEEK_HOLE` looks up per pool round trip.
+/// Chunks one `SEEK_DATA`/`SEEK_HOLE` probes per pool round trip.
 const SEEK_BATCH_CHUNKS: u64 = 64;
 
 struct Page {
@@ -794,10 +794,13 @@ impl Fs {
 
     /// `SEEK_DATA` (`hole` false) or `SEEK_HOLE` (`hole` true) from `offset`: where the next
     /// data or hole starts, at chunk granularity. A chunk that is not in the pool (never
-    /// written, punched, truncated away, or written as zeros, which write-back deletes) or
-    /// holds only zeros is a hole, and so is the end of the file. `None` (`ENXIO`): `offset`
-    /// is negative, at or past the end, or no data follows it. The process's own dirty pages
-    /// are written back first, so that the pool holds what it sees.
+    /// written, punched, truncated away, or written as zeros, which write-back and direct
+    /// writes delete) is a hole, and so is the end of the file. The pool is only asked which
+    /// chunks exist ([`crate::kv::Kv::exists_many`]: no chunk's contents cross the network), so a chunk
+    /// stored with only zeros in it (another writer's, or one from before zero chunks were
+    /// deleted) counts as data, as a file system may always report a hole. `None` (`ENXIO`):
+    /// `offset` is negative, at or past the end, or no data follows it. The process's own
+    /// dirty pages are written back first, so that the pool holds what it sees.
     pub fn seek_data_or_hole(&self, node: &Arc<Node>, offset: i64, hole: bool) -> Result<Option<u64>> {
         let Ok(offset) = u64::try_from(offset) else { return Ok(None) };
         if node.inner.lock().dirty > 0 {
@@ -813,8 +816,7 @@ impl Fs {
         while index < end {
             let until = (index + SEEK_BATCH_CHUNKS).min(end);
             let keys: Vec<Vec<u8>> = (index..until).map(|i| self.keys.chunk(node.ino, i)).collect();
-            for (i, value) in (index..until).zip(self.kv.get_many(&keys)?) {
-                let data = value.is_some_and(|v| !kura_pool::is_zeros(&v));
+            for (i, data) in (index..until).zip(self.kv.exists_many(&keys)?) {
                 if data != hole {
                     return Ok(Some((i * chunk).max(offset)));
                 }
@@ -995,6 +997,7 @@ impl Fs {
         let size = node.size();
         let end = offset + data.len() as u64;
         let mut items = Vec::new();
+        let mut holes = Vec::new();
         let mut done = 0usize;
         while done < data.len() {
             let at = offset + done as u64;
@@ -1013,10 +1016,17 @@ impl Fs {
                 old[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
                 old
             };
-            items.push((self.keys.chunk(node.ino, index), value));
+            // A chunk of zeros is deleted, as write-back does: it reads the same, takes no
+            // room, and `SEEK_HOLE` finds it (which asks only whether chunks exist).
+            if kura_pool::is_zeros(&value) {
+                holes.push(self.keys.chunk(node.ino, index));
+            } else {
+                items.push((self.keys.chunk(node.ino, index), value));
+            }
             done += n;
         }
         self.kv.set_many(&items)?;
+        self.kv.delete_many(&holes)?;
         let mut inner = node.inner.lock();
         let mut done = 0usize;
         while done < data.len() {

@@ -80,6 +80,12 @@ pub trait Kv: Send + Sync {
     }
     /// Gets many data values at once (one result per key, in order).
     fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>>;
+    /// Which of many data keys hold a value (one result per key, in order), without the
+    /// values crossing the network where the backend can tell (see
+    /// [`kura_pool::Context::submit_exists`]).
+    fn exists_many(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+        Ok(self.get_many(keys)?.into_iter().map(|value| value.is_some()).collect())
+    }
     /// Gets one data value into `out` (cleared first); `false` when absent.
     fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
     fn set_many(&self, items: &[(Vec<u8>, Vec<u8>)]) -> Result<()>;
@@ -326,6 +332,14 @@ impl Kv for PoolKv {
             return Ok(Vec::new());
         }
         let results = self.with_context(|ctx| Ok(ctx.get_many(keys)?))?;
+        results.into_iter().map(|r| r.map_err(FsError::from)).collect()
+    }
+
+    fn exists_many(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let results = self.with_context(|ctx| Ok(ctx.exists_many(keys)?))?;
         results.into_iter().map(|r| r.map_err(FsError::from)).collect()
     }
 

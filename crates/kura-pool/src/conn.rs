@@ -23,6 +23,8 @@ pub(crate) enum Wire {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Get,
+    /// Whether the key exists, its value not sent (see [`crate::Context::submit_exists`]).
+    Exists,
     Set,
     Delete,
 }
@@ -140,11 +142,13 @@ impl Conn {
         match self.wire {
             Wire::Memcache(dialect) => match op {
                 Op::Get => memcache::encode_get(&mut self.out, dialect, key),
+                Op::Exists => memcache::encode_exists(&mut self.out, dialect, key),
                 Op::Set => memcache::encode_set(&mut self.out, dialect, key, value),
                 Op::Delete => memcache::encode_delete(&mut self.out, dialect, key),
             },
             Wire::Resp => match op {
                 Op::Get => resp::encode_command(&mut self.out, &[b"GET", key]),
+                Op::Exists => resp::encode_command(&mut self.out, &[b"EXISTS", key]),
                 Op::Set => resp::encode_command(&mut self.out, &[b"SET", key, value]),
                 Op::Delete => resp::encode_command(&mut self.out, &[b"DEL", key]),
             },

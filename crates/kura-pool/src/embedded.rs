@@ -1,5 +1,7 @@
 //! The embedded backend: the engine in this process. Gets use the engine's split-phase
-//! lookup with this context's own io_uring queue, so many reads are in flight per thread;
+//! lookup with this context's own io_uring queue, so many reads are in flight per thread; an
+//! existence probe is the same lookup with the value dropped (the engine keeps only a hash of
+//! the key in RAM, so telling a key from a colliding one takes the record's read anyway);
 //! sets and deletes go into the engine's RAM write buffers at submit; a flush is the engine's
 //! `sync()` (shared with concurrent callers), run at submit.
 
@@ -28,11 +30,19 @@ enum Finished {
     Done,
 }
 
+/// A lookup in progress: whose, and whether the caller wants the value or only to know
+/// that there is one.
+#[derive(Clone, Copy)]
+struct Lookup {
+    token: u64,
+    probe: bool,
+}
+
 pub(crate) struct EmbeddedContext {
     engine: Engine,
     queue: Box<dyn IoQueue>,
     /// Lookups waiting for a read, by queue slot.
-    plans: Vec<Option<(u64, GetPlan)>>,
+    plans: Vec<Option<(Lookup, GetPlan)>>,
     free_slots: Vec<usize>,
     ready: VecDeque<(u64, Result<Finished>)>,
     completions: Vec<ReadCompletion>,
@@ -97,17 +107,32 @@ impl EmbeddedContext {
     }
 
     pub fn submit_get(&mut self, k: &[u8], token: u64) -> Result<()> {
+        self.start_lookup(k, Lookup { token, probe: false })
+    }
+
+    pub fn submit_exists(&mut self, k: &[u8], token: u64) -> Result<()> {
+        self.start_lookup(k, Lookup { token, probe: true })
+    }
+
+    fn start_lookup(&mut self, k: &[u8], lookup: Lookup) -> Result<()> {
         self.admit(k)?;
         match self.engine.get_start(k) {
-            Ok((plan, step)) => self.step(token, plan, Ok(step)),
-            Err(e) => self.ready.push_back((token, Err(e.into()))),
+            Ok((plan, step)) => self.step(lookup, plan, Ok(step)),
+            Err(e) => self.ready.push_back((lookup.token, Err(e.into()))),
         }
         Ok(())
     }
 
     /// Follows a lookup's next step: done, or a read queued in a free slot.
-    fn step(&mut self, token: u64, plan: GetPlan, step: kura_engine::Result<GetStep>) {
+    fn step(&mut self, lookup: Lookup, plan: GetPlan, step: kura_engine::Result<GetStep>) {
+        let token = lookup.token;
         match step {
+            Ok(GetStep::Done(Some(item))) if lookup.probe => {
+                if let Some(buf) = item.into_read_buffer() {
+                    self.spare.put(buf);
+                }
+                self.ready.push_back((token, Ok(Finished::Done)));
+            }
             Ok(GetStep::Done(Some(item))) => self.ready.push_back((token, Ok(Finished::Item(item)))),
             Ok(GetStep::Done(None)) => self.ready.push_back((token, Ok(Finished::Missing))),
             Ok(GetStep::Read { offset_bytes, len_bytes }) => {
@@ -117,7 +142,7 @@ impl EmbeddedContext {
                     self.ready.push_back((token, Err(e.into())));
                     return;
                 }
-                self.plans[slot] = Some((token, plan));
+                self.plans[slot] = Some((lookup, plan));
             }
             Err(e) => self.ready.push_back((token, Err(e.into()))),
         }
@@ -181,13 +206,13 @@ impl EmbeddedContext {
         for completion in completions.drain(..) {
             self.stats.replies_received += 1;
             let slot = completion.token as usize;
-            let (token, mut plan) = self.plans[slot].take().expect("a completion for a slot in use");
+            let (lookup, mut plan) = self.plans[slot].take().expect("a completion for a slot in use");
             self.free_slots.push(slot);
             let step = match completion.result {
                 Ok(()) => self.engine.get_continue(&mut plan, completion.buf),
                 Err(source) => Err(kura_engine::Error::Io { op: "read", offset_bytes: 0, source }),
             };
-            self.step(token, plan, step);
+            self.step(lookup, plan, step);
         }
         self.completions = completions;
         delivered += self.deliver_ready(on_complete);

@@ -34,6 +34,9 @@ pub(crate) struct Ready {
     /// Data, end of stream, hang-up or an error: a read will tell which.
     pub readable: bool,
     pub writable: bool,
+    /// The peer closed (or the connection failed): the end of stream is queued behind any
+    /// data, and no further edge will announce it, so a reader reads until it gets there.
+    pub hung_up: bool,
 }
 
 impl Epoll {
@@ -83,7 +86,8 @@ impl Epoll {
 pub(crate) fn ready(event: &libc::epoll_event) -> Ready {
     let (flags, token) = (event.events as libc::c_int, event.u64);
     let read_side = libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLHUP | libc::EPOLLRDHUP | libc::EPOLLERR;
-    Ready { token, readable: flags & read_side != 0, writable: flags & libc::EPOLLOUT != 0 }
+    let hang_up = libc::EPOLLHUP | libc::EPOLLRDHUP | libc::EPOLLERR;
+    Ready { token, readable: flags & read_side != 0, writable: flags & libc::EPOLLOUT != 0, hung_up: flags & hang_up != 0 }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! kura's pool client: one interface — get, multi-get, set, delete and a durability barrier
-//! (`flush`) — over an embedded engine, kura servers, stock memcached, redis-server/Valkey
-//! and Redis Cluster (paper 000's *KVClient*).
+//! kura's pool client: one interface — get, multi-get, an existence probe that sends no value,
+//! set, delete and a durability barrier (`flush`) — over an embedded engine, kura servers,
+//! stock memcached, redis-server/Valkey and Redis Cluster (paper 000's *KVClient*).
 //!
 //! ```no_run
 //! use kura_pool::{Outcome, Pool, PoolConfig, block_key};

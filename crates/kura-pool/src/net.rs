@@ -153,7 +153,8 @@ pub(crate) struct NetContext {
     members: Vec<Member>,
     sink: Sink,
     next_flush_id: u64,
-    woken: Vec<(usize, bool, bool)>,
+    /// Connections an `epoll_wait` reported: (index, readable, writable, hung up).
+    woken: Vec<(usize, bool, bool, bool)>,
     /// Made by the first [`NetContext::waker`] call.
     waker: Option<Arc<EventFd>>,
     /// The caller's descriptor registered for [`NetContext::poll`] to return on.
@@ -339,6 +340,10 @@ impl NetContext {
 
     pub fn submit_get(&mut self, k: &[u8], token: u64) -> Result<()> {
         self.submit(Op::Get, k, &[], token)
+    }
+
+    pub fn submit_exists(&mut self, k: &[u8], token: u64) -> Result<()> {
+        self.submit(Op::Exists, k, &[], token)
     }
 
     pub fn submit_set(&mut self, k: &[u8], value: &[u8], token: u64) -> Result<()> {
@@ -527,12 +532,12 @@ impl NetContext {
                     woken_up |= watch.is_some();
                     continue;
                 }
-                self.woken.push((event.token as usize, event.readable, event.writable));
+                self.woken.push((event.token as usize, event.readable, event.writable, event.hung_up));
             }
             for i in 0..self.woken.len() {
-                let (ci, readable, writable) = self.woken[i];
+                let (ci, readable, writable, hung_up) = self.woken[i];
                 if readable {
-                    self.read_conn(ci, on_complete);
+                    self.read_conn(ci, hung_up, on_complete);
                 }
                 if writable && self.conns[ci].unsent_bytes() > 0 {
                     self.write_conn(ci);
@@ -566,8 +571,10 @@ impl NetContext {
         }
     }
 
-    /// Reads what arrived and handles every complete reply.
-    fn read_conn(&mut self, ci: usize, on_complete: &mut dyn FnMut(Completion<'_>)) {
+    /// Reads what arrived and handles every complete reply. After a hang-up it reads on to
+    /// the end of the stream (a node that answers part of a batch and closes at once sends
+    /// both in one edge), so the rest fail now as lost, not later by the timeout.
+    fn read_conn(&mut self, ci: usize, hung_up: bool, on_complete: &mut dyn FnMut(Completion<'_>)) {
         let config = &self.shared.config;
         let buffer_max = config.read_buffer_bytes.max(config.value_size_max_bytes + 4096);
         let (buffer_bytes, value_max) = (config.read_buffer_bytes, config.value_size_max_bytes);
@@ -579,7 +586,7 @@ impl NetContext {
                     if let Err(detail) = handle_replies(conn, &mut self.sink, value_max, on_complete) {
                         break Some(Failure::Protocol(detail));
                     }
-                    if !more {
+                    if !more && !hung_up {
                         break None;
                     }
                 }
@@ -797,6 +804,9 @@ fn settle_memcache(sent: Sent, reply: McReply<'_>, addr: &str, sink: &mut Sink, 
         (_, McReply::ClientError(m)) => Err(server_error(addr, "CLIENT_ERROR", m)),
         (SentOp::Request(Op::Get), McReply::Value(data) | McReply::TextValue { data, .. }) => Ok(Outcome::Value(data)),
         (SentOp::Request(Op::Get), McReply::Miss) => Ok(Outcome::Missing),
+        // `HD` to `mg <key>`; a text-only server's value to the `get` that stands in for it.
+        (SentOp::Request(Op::Exists), McReply::Hd | McReply::Value(_) | McReply::TextValue { .. }) => Ok(Outcome::Done),
+        (SentOp::Request(Op::Exists), McReply::Miss) => Ok(Outcome::Missing),
         (SentOp::Request(Op::Set), McReply::Hd | McReply::Stored) => Ok(Outcome::Done),
         (SentOp::Request(Op::Set), McReply::NotStored) => Err(Error::Server { node: addr.to_owned(), message: "not stored".into() }),
         (SentOp::Request(Op::Delete), McReply::Hd | McReply::Deleted | McReply::NotFound) => Ok(Outcome::Done),
@@ -880,6 +890,8 @@ fn settle_resp(sent: Sent, reply: Resp<'_>, addr: &str, member: usize, sink: &mu
         (_, Resp::Error(m)) => Err(server_error(addr, "", m)),
         (SentOp::Request(Op::Get), Resp::Bulk(data)) => Ok(Outcome::Value(data)),
         (SentOp::Request(Op::Get), Resp::Nil) => Ok(Outcome::Missing),
+        (SentOp::Request(Op::Exists), Resp::Int(1)) => Ok(Outcome::Done),
+        (SentOp::Request(Op::Exists), Resp::Int(0)) => Ok(Outcome::Missing),
         (SentOp::Request(Op::Set), Resp::Simple(b"OK")) => Ok(Outcome::Done),
         (SentOp::Request(Op::Delete), Resp::Int(_)) => Ok(Outcome::Done),
         (SentOp::Flush { part: FlushPart::Ping, .. }, Resp::Simple(b"PONG")) => Ok(Outcome::Done),

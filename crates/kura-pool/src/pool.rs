@@ -24,9 +24,10 @@ pub enum Outcome<'a> {
     /// A get's value, borrowed from the context's receive buffer (or the engine's read
     /// buffer) until the completion callback returns: copy it where it belongs.
     Value(&'a [u8]),
-    /// A get found no value.
+    /// A get (or an existence probe) found no value.
     Missing,
-    /// A set, delete or flush finished.
+    /// A set, delete or flush finished; or an existence probe ([`Context::submit_exists`])
+    /// found the key. (Not a variant of its own: callers' exhaustive matches stay as they are.)
     Done,
 }
 
@@ -217,6 +218,19 @@ impl Context {
         }
     }
 
+    /// Queues an existence probe of `key`: it completes with [`Outcome::Done`] when the key
+    /// holds a value and [`Outcome::Missing`] when not, without the value crossing the
+    /// network — memcached-protocol nodes get `mg <key>` (no flags: `HD`/`EN`), Redis
+    /// `EXISTS`. Costs a get where nothing cheaper tells the same: an embedded engine reads
+    /// the record (to tell the key from one whose hash collides), a server that speaks only
+    /// memcached's text protocol sends the value (which is dropped).
+    pub fn submit_exists(&mut self, key: &[u8], token: u64) -> Result<()> {
+        match &mut self.inner {
+            Inner::Embedded(c) => c.submit_exists(key, token),
+            Inner::Net(c) => c.submit_exists(key, token),
+        }
+    }
+
     /// Queues a set of `key` to `value` (copied into the send buffer at once).
     pub fn submit_set(&mut self, key: &[u8], value: &[u8], token: u64) -> Result<()> {
         match &mut self.inner {
@@ -304,6 +318,16 @@ impl Context {
                 Outcome::Value(v) => Some(v.to_vec()),
                 _ => None,
             }));
+        })?;
+        Ok(out.into_iter().map(|r| r.expect("every key completed")).collect())
+    }
+
+    /// Which of many keys exist ([`Context::submit_exists`], pipelined to every node); one
+    /// result per key, in order.
+    pub fn exists_many<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Result<bool>>> {
+        let mut out: Vec<Option<Result<bool>>> = (0..keys.len()).map(|_| None).collect();
+        self.run_batches(keys.len(), |ctx, i| ctx.submit_exists(keys[i].as_ref(), i as u64), &mut |c| {
+            out[c.token as usize] = Some(c.result.map(|o| o != Outcome::Missing));
         })?;
         Ok(out.into_iter().map(|r| r.expect("every key completed")).collect())
     }

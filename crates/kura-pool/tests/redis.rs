@@ -78,6 +78,10 @@ fn cluster_routes_by_slot_and_survives_losing_a_master_after_a_flush() {
         assert_eq!(v.unwrap(), Some(value_of(i as u64)), "key {i} after the fail-over");
     }
     eprintln!("read back after the fail-over in {:?}: {:?}", started.elapsed(), ctx.io_stats());
+    // Existence probes are routed by slot as gets are: every key written, none other.
+    let probed: Vec<_> = (0..2 * KEYS).map(|i| block_key(2, i)).collect();
+    let found: Vec<bool> = ctx.exists_many(&probed).unwrap().into_iter().map(Result::unwrap).collect();
+    assert_eq!(found, (0..2 * KEYS).map(|i| i < KEYS).collect::<Vec<_>>(), "EXISTS through the cluster");
     assert!(ctx.io_stats().redirects > 0 || ctx.io_stats().topology_refreshes > 1, "{:?}", ctx.io_stats());
     // Writes go to the new master; a new context finds it from the seeds.
     ctx.set(&block_key(2, 0), b"after").unwrap();

@@ -262,6 +262,27 @@ impl Drop for ChildGuard {
     }
 }
 
+/// A statistic of a memcached-protocol server at `127.0.0.1:<port>` (kura's or memcached's
+/// `stats`), on a connection of its own. Panics if the server does not answer or has no such
+/// statistic: a test that asks needs it.
+pub fn memcache_stat(port: u16, name: &str) -> u64 {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect for stats");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("set a read timeout");
+    stream.write_all(b"stats\r\n").expect("send stats");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert_ne!(reader.read_line(&mut line).expect("read stats"), 0, "stats ended without {name}");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() == 3 && words[1] == name {
+            return words[2].parse().unwrap_or_else(|_| panic!("{name} is not a number: {line:?}"));
+        }
+        assert_ne!(line, "END\r\n", "no {name} in stats");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,7 +65,7 @@ pub const MEMORY_BYTES_MAX_DEFAULT: u64 = 1 << 30;
 /// How long a connection held back by [`NbdConfig::memory_max_bytes`] waits before it looks
 /// again (others' completions free the room; nothing wakes it).
 const OVER_BUDGET_RETRY_MS: i32 = 5;
-/// Most bytes one `NBD_CMD_BLOCK_STATUS` reply describes (a pool lookup per block; the
+/// Most bytes one `NBD_CMD_BLOCK_STATUS` reply describes (an existence probe per block; the
 /// protocol lets the reply cover less than asked, and clients ask again from where it ended).
 pub const BLOCK_STATUS_BYTES_MAX: u32 = 16 << 20;
 /// How often idle listeners and connections look at the stop flag.
@@ -1156,11 +1156,11 @@ impl<'a> Transmission<'a> {
     }
 }
 
-/// A block's `base:allocation` flags.
+/// A block's `base:allocation` flags. A stored block is data even when it holds zeros (see
+/// [`BlockState`]): without `STATE_ZERO` a client reads it, which is always correct.
 fn allocation_flags(state: BlockState) -> u32 {
     match state {
         BlockState::Data => 0,
-        BlockState::Zeros => proto::STATE_ZERO,
         BlockState::Absent => proto::STATE_HOLE | proto::STATE_ZERO,
     }
 }

@@ -2,9 +2,11 @@
 //! commands for servers without them) and a strict, incremental reply parser that borrows
 //! from the receive buffer.
 //!
-//! Requests: `mg <key> v`, `ms <key> <len>` + data, `md <key>`, `mn`; keys that memcached's
-//! text protocol cannot carry go base64 with the `b` flag. Text: `get`, `set <key> 0 0 <len>`,
-//! `delete`, and `version` as the ordering barrier. kura's durability barrier: `sync` (answered
+//! Requests: `mg <key> v`, `ms <key> <len>` + data, `md <key>`, `mn`, and the existence probe
+//! `mg <key>` (no flags: `HD` or `EN`, no value sent); keys that memcached's text protocol
+//! cannot carry go base64 with the `b` flag. Text: `get`, `set <key> 0 0 <len>`, `delete`, and
+//! `version` as the ordering barrier; a text-only server has no existence probe, so there the
+//! probe is a `get` whose value is dropped. kura's durability barrier: `sync` (answered
 //! `OK` once every write the server acknowledged before it is durable; memcached answers
 //! `ERROR`). At connect, `stats` tells which process start of the server answers (see
 //! [`crate::instance`]).
@@ -69,6 +71,20 @@ pub fn encode_get(out: &mut Vec<u8>, dialect: Dialect, k: &[u8]) {
             out.extend_from_slice(k);
             out.extend_from_slice(b"\r\n");
         }
+    }
+}
+
+/// Asks whether `k` exists without its value: `mg <key>` with no flags is answered `HD`
+/// (hit) or `EN` (miss) by memcached 1.6 and kura. The text protocol has no such command
+/// (`touch` would change the expiry), so a text-only server gets a `get` (value dropped).
+pub fn encode_exists(out: &mut Vec<u8>, dialect: Dialect, k: &[u8]) {
+    match dialect {
+        Dialect::Meta => {
+            out.extend_from_slice(b"mg ");
+            let b = push_key(out, k);
+            out.extend_from_slice(if b { b" b\r\n" } else { b"\r\n" });
+        }
+        Dialect::Text => encode_get(out, dialect, k),
     }
 }
 
@@ -371,6 +387,9 @@ mod tests {
         encode_get(&mut out, Dialect::Text, b"k");
         encode_set(&mut out, Dialect::Text, b"k", b"a\r\nb");
         encode_delete(&mut out, Dialect::Text, b"k");
+        encode_exists(&mut out, Dialect::Meta, b"v0001.0002");
+        encode_exists(&mut out, Dialect::Meta, b"with space\x00");
+        encode_exists(&mut out, Dialect::Text, b"k");
         let mut seen = Vec::new();
         let mut at = 0;
         while at < out.len() {
@@ -389,11 +408,19 @@ mod tests {
                 (7, Request::Retrieval(_)) => {}
                 (8, Request::Storage(s)) => assert_eq!(s.data, b"a\r\nb"),
                 (9, Request::Delete { .. }) => {}
+                // The existence probe: a meta get that asks for no value (nor anything else).
+                (10, Request::MetaGet(m)) => assert!(m.key == b"v0001.0002" && !m.flags.return_value() && !m.flags.base64_key()),
+                (11, Request::MetaGet(m)) => {
+                    let mut buf = [0u8; kura_proto::KEY_LENGTH_MAX];
+                    assert!(!m.flags.return_value());
+                    assert_eq!(kura_proto::meta_key(m.key, m.flags.base64_key(), &mut buf).unwrap(), b"with space\x00");
+                }
+                (12, Request::Retrieval(_)) => {}
                 (n, other) => panic!("request {n}: {other:?}"),
             }
             at += consumed_bytes;
         }
-        assert_eq!(seen.len(), 9);
+        assert_eq!(seen.len(), 12);
     }
 
     #[test]

@@ -299,6 +299,8 @@ pub enum Misbehaviour {
     Silent,
     /// Answers the handshake with garbage.
     GarbageHandshake,
+    /// Answers this many requests (lines) `HD`, then closes its side of the connection.
+    HangUpAfter(usize),
 }
 
 /// A tiny TCP server for error handling tests (it stands in for no backend: it only
@@ -345,17 +347,32 @@ fn serve_fake(mut stream: std::net::TcpStream, behaviour: Misbehaviour, stop: &A
     stream.set_read_timeout(Some(Duration::from_millis(50))).ok();
     let mut buf = [0u8; 65536];
     let mut handshaken = false;
+    let mut lines_seen = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         match stream.read(&mut buf) {
             Ok(0) => return,
-            Ok(_) => {
+            Ok(n) => {
+                if let (Misbehaviour::HangUpAfter(answers), true) = (behaviour, handshaken) {
+                    let lines = buf[..n].iter().filter(|&&b| b == b'\n').count();
+                    let answered = lines.min(answers.saturating_sub(lines_seen));
+                    lines_seen += lines;
+                    if stream.write_all(&b"HD\r\n".repeat(answered)).is_err() {
+                        return;
+                    }
+                    if answered > 0 && lines_seen >= answers {
+                        // FIN, not RST: the replies sent reach the client before the close,
+                        // and what it sent after them is read and dropped until it closes.
+                        let _ = stream.shutdown(std::net::Shutdown::Write);
+                    }
+                    continue;
+                }
                 let reply: &[u8] = match (behaviour, handshaken) {
                     (Misbehaviour::GarbageHandshake, _) => b"HTTP/1.1 400 Bad Request\r\n\r\n",
                     // `stats` refused: the instance stays unknown.
                     (_, false) => b"VERSION 1.6.18\r\nMN\r\nERROR\r\n",
                     (Misbehaviour::Garbage, true) => b"\x00\x01 WHAT IS THIS \xff\r\n",
-                    (Misbehaviour::Silent, true) => b"",
+                    (Misbehaviour::Silent | Misbehaviour::HangUpAfter(_), true) => b"",
                 };
                 handshaken = true;
                 if stream.write_all(reply).is_err() {
