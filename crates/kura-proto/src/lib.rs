@@ -33,7 +33,7 @@
 //! - opaque tokens may not hold control characters.
 //!
 //! Not parsed (answered `ERROR`, like any unknown command): memcached's admin
-//! commands `watch`, `extstore`,
+//! commands `extstore`,
 //! `refresh_certs`, `debugtime`, `misbehave`, and the obsolete `bget`.
 
 #![forbid(unsafe_code)]
@@ -62,7 +62,7 @@ pub use parse::{Parsed, is_binary_protocol, parse};
 pub use render::render_request;
 pub use request::{
     CrawlerCommand, MetaArithmetic, MetaRequest, MetaSet, MetadumpClasses, Request, Retrieval,
-    RetrievalCommand, ShutdownMode, Storage, StorageCommand, TuningReply,
+    RetrievalCommand, ShutdownMode, Storage, StorageCommand, TuningReply, WatchFlags,
 };
 
 /// The key a meta request names: `raw` itself, or its base64 decoding into

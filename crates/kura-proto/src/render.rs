@@ -5,7 +5,7 @@
 use crate::encode::{push_i64, push_u64};
 use crate::lex::Tokens;
 use crate::meta::{ArithmeticOp, MetaFlag, MetaFlags};
-use crate::request::{CrawlerCommand, MetadumpClasses, Request, ShutdownMode, Storage, TuningReply};
+use crate::request::{CrawlerCommand, MetadumpClasses, Request, ShutdownMode, Storage, TuningReply, WatchFlags};
 
 const CRLF: &[u8] = b"\r\n";
 
@@ -37,6 +37,15 @@ pub fn render_request(out: &mut Vec<u8>, request: &Request<'_>) {
         Request::Metadump(classes) => {
             out.extend_from_slice(b"lru_crawler metadump ");
             out.extend_from_slice(&classes_spec(classes));
+        }
+        Request::Watch(flags) => {
+            out.extend_from_slice(b"watch");
+            for (name, stream) in WatchFlags::NAMES {
+                if flags.contains(stream) {
+                    out.push(b' ');
+                    out.extend_from_slice(name);
+                }
+            }
         }
         Request::Mgdump(classes) => {
             out.extend_from_slice(b"lru_crawler mgdump ");
@@ -158,6 +167,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
         | Request::Stats { .. }
         | Request::Metadump(_)
         | Request::Mgdump(_)
+        | Request::Watch(_)
         | Request::LruCrawler(_)
         | Request::Tuning(_)
         | Request::MetaGet(_)

@@ -77,6 +77,9 @@ pub enum Request<'a> {
     Mgdump(MetadumpClasses),
     /// The other `lru_crawler` commands.
     LruCrawler(CrawlerCommand),
+    /// `watch [fetchers|mutations|evictions|connevents|rawcmds|sysevents|proxy…]`: `OK`, then
+    /// the connection receives log lines of those streams, and nothing it sends is run.
+    Watch(WatchFlags),
     /// `slabs automove|reassign …` and `lru mode|tune|temp_ttl …`: memcached's tuning of its
     /// slab allocator and LRUs, which kura has not; the answer memcached gives.
     Tuning(TuningReply),
@@ -244,6 +247,54 @@ pub enum ShutdownMode {
     /// Anything else; memcached (when shutdown is enabled) replies
     /// `CLIENT_ERROR invalid shutdown mode`.
     Invalid,
+}
+
+/// The log streams a `watch` asks for (memcached's `LOG_*` bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WatchFlags(pub u32);
+
+impl WatchFlags {
+    /// Item lookups clients ask for (`type=item_get`).
+    pub const FETCHERS: Self = Self(1 << 0);
+    /// Item stores (`type=item_store`).
+    pub const MUTATIONS: Self = Self(1 << 1);
+    /// Items evicted.
+    pub const EVICTIONS: Self = Self(1 << 2);
+    /// Connections opened and closed (`type=conn_new`, `type=conn_close`).
+    pub const CONNEVENTS: Self = Self(1 << 3);
+    /// Every command line as received.
+    pub const RAWCMDS: Self = Self(1 << 4);
+    /// Server events (memcached: extstore and the like).
+    pub const SYSEVENTS: Self = Self(1 << 5);
+    /// memcached's proxy: requests.
+    pub const PROXYREQS: Self = Self(1 << 6);
+    /// memcached's proxy: events.
+    pub const PROXYEVENTS: Self = Self(1 << 7);
+    /// memcached's proxy: its scripts' own lines.
+    pub const PROXYUSER: Self = Self(1 << 8);
+    /// Every stream by its `watch` name, as memcached 1.6.18 spells them.
+    pub const NAMES: [(&'static [u8], Self); 9] = [
+        (b"rawcmds", Self::RAWCMDS),
+        (b"evictions", Self::EVICTIONS),
+        (b"fetchers", Self::FETCHERS),
+        (b"mutations", Self::MUTATIONS),
+        (b"sysevents", Self::SYSEVENTS),
+        (b"connevents", Self::CONNEVENTS),
+        (b"proxyreqs", Self::PROXYREQS),
+        (b"proxyevents", Self::PROXYEVENTS),
+        (b"proxyuser", Self::PROXYUSER),
+    ];
+
+    /// Both sets of streams.
+    #[must_use]
+    pub fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
+    /// Whether every stream of `other` (at least one) is among these.
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
 }
 
 /// What memcached answers a well-formed `slabs` or `lru` tuning command.

@@ -587,6 +587,7 @@ impl Model {
             Request::Stats { .. } | Request::Metadump(_) => encode::reply(out, Reply::End),
             // memcached 1.6.19+ on an empty cache.
             Request::Mgdump(_) => out.extend_from_slice(b"EN\r\n"),
+            Request::Watch(_) => out.extend_from_slice(b"OK\r\n"),
             Request::LruCrawler(_) => reply_unless(out, false, Reply::Ok),
             Request::Tuning(reply) => out.extend_from_slice(reply.line()),
             Request::Shutdown(_) => out.extend_from_slice(b"ERROR: shutdown not enabled\r\n"),

@@ -7,7 +7,7 @@
 
 use kura_proto::{
     ArithmeticOp, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, Parsed, ParserLimits,
-    CrawlerCommand, MetadumpClasses, Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage,
+    CrawlerCommand, MetadumpClasses, Recovery, Request, Retrieval, RetrievalCommand, SetMode, ShutdownMode, Storage, WatchFlags,
     StorageCommand, TuningReply,
     Tokens, encode_base64, parse, render_request,
 };
@@ -396,6 +396,8 @@ fn classic_spec() -> impl Strategy<Value = Spec> {
             Request::Metadump(MetadumpClasses::Hash),
             Request::Metadump(MetadumpClasses::Invalid),
             Request::Mgdump(MetadumpClasses::Hash),
+            Request::Watch(WatchFlags::FETCHERS),
+            Request::Watch(WatchFlags::MUTATIONS.with(WatchFlags::CONNEVENTS).with(WatchFlags::EVICTIONS)),
             Request::Mgdump(MetadumpClasses::Classes(0b1010)),
             Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::All)),
             Request::LruCrawler(CrawlerCommand::Crawl(MetadumpClasses::Hash)),

@@ -14,7 +14,7 @@ use kura_proto::encode::{
     self, MetaCode, MetaCommand, MetaDebugInfo, MetaItem, Reply, quiet_suppresses,
 };
 use kura_proto::{
-    KEY_LENGTH_MAX, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, MetadumpClasses,
+    KEY_LENGTH_MAX, WatchFlags, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, MetadumpClasses,
     Parsed, ParserLimits, Request, Retrieval, SetMode, Storage, StorageCommand,
 };
 
@@ -122,9 +122,19 @@ pub struct Ctx<'a> {
     pub wrote: &'a mut bool,
     /// Set by `sync`: make every acknowledged write durable before this turn's replies leave.
     pub sync_requested: &'a mut bool,
-    /// Set by `lru_crawler metadump` and `mgdump`: the worker starts the dump (and reads no
-    /// further request of the connection until it has sent it).
-    pub metadump: &'a mut Option<(MetadumpClasses, DumpFormat)>,
+    /// Set by `lru_crawler metadump` and `mgdump` (the worker starts the dump and reads no
+    /// further request of the connection until it has sent it) and by `watch` (the
+    /// connection becomes a watcher).
+    pub handover: &'a mut Option<Handover>,
+}
+
+/// What a request hands over to the connection's worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// `lru_crawler metadump|mgdump`.
+    Dump(MetadumpClasses, DumpFormat),
+    /// `watch`.
+    Watch(kura_proto::WatchFlags),
 }
 
 /// Whether a request must wait for the connection's pending reads: it writes,
@@ -204,8 +214,9 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
             let reply = ctx.sources.crawler.command(command);
             ctx.out.push_bytes(reply);
         }
-        Request::Metadump(classes) => *ctx.metadump = Some((classes, DumpFormat::Metadump)),
-        Request::Mgdump(classes) => *ctx.metadump = Some((classes, DumpFormat::Mg)),
+        Request::Metadump(classes) => *ctx.handover = Some(Handover::Dump(classes, DumpFormat::Metadump)),
+        Request::Mgdump(classes) => *ctx.handover = Some(Handover::Dump(classes, DumpFormat::Mg)),
+        Request::Watch(flags) => *ctx.handover = Some(Handover::Watch(flags)),
         Request::CacheMemlimit { limit_mb, noreply } => {
             if limit_mb < CACHE_MEMLIMIT_MB_MIN {
                 ctx.out
@@ -268,7 +279,9 @@ fn storage(ctx: &mut Ctx<'_>, s: &Storage<'_>) {
         ..StoreRequest::new(mode, s.key, s.data)
     };
     *ctx.wrote = true;
-    match ctx.store.store(&req) {
+    let stored = ctx.store.store(&req);
+    log_store(ctx, &req, &stored);
+    match stored {
         Ok(outcome) => {
             count_cas(ctx, mode, &outcome);
             let r = match outcome {
@@ -281,6 +294,36 @@ fn storage(ctx: &mut Ctx<'_>, s: &Storage<'_>) {
         }
         Err(error) => server_error(ctx, &error, s.noreply),
     }
+}
+
+/// `watch mutations`: a store's line, as memcached's (`cmd` the storage mode; `ttl` the
+/// seconds the item has to live, 0 when it does not expire).
+fn log_store(ctx: &Ctx<'_>, req: &StoreRequest<'_>, stored: &Result<StoreOutcome, StoreError>) {
+    let watchers = &ctx.sources.watchers;
+    if !watchers.wants(WatchFlags::MUTATIONS) {
+        return;
+    }
+    let Ok(outcome) = stored else { return };
+    let status = match outcome {
+        StoreOutcome::Stored { .. } => "stored",
+        StoreOutcome::NotStored => "not_stored",
+        StoreOutcome::Exists => "exists",
+        StoreOutcome::NotFound => "not_found",
+    };
+    let cmd = match req.mode {
+        StoreMode::Set => "set",
+        StoreMode::Add => "add",
+        StoreMode::Replace => "replace",
+        StoreMode::Append => "append",
+        StoreMode::Prepend => "prepend",
+        StoreMode::Cas => "cas",
+    };
+    let now_s = clock::unix_now_s();
+    let ttl_s = match clock::expire_at_s(req.exptime_s, now_s) {
+        0 => 0,
+        at => (at - now_s).max(-1),
+    };
+    watchers.item_store(&crate::watch::StoreLine { key: req.key, status, cmd, ttl_s, client_flags: req.client_flags, size_bytes: req.data.len(), cfd: ctx.conn_fd });
 }
 
 fn count_cas(ctx: &mut Ctx<'_>, mode: StoreMode, outcome: &StoreOutcome) {
@@ -314,7 +357,14 @@ fn retrieval(ctx: &mut Ctx<'_>, r: &Retrieval<'_>) {
 fn get_and_touch(ctx: &mut Ctx<'_>, key: &[u8], exptime_s: i64, cas: bool) {
     bump(&ctx.stats.cmd_touch);
     *ctx.wrote = true;
-    match ctx.store.touch(key, exptime_s) {
+    let touched = ctx.store.touch(key, exptime_s);
+    let watchers = &ctx.sources.watchers;
+    if let Ok(found) = &touched
+        && watchers.wants(WatchFlags::FETCHERS)
+    {
+        watchers.item_get(key, found.as_ref().map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
+    }
+    match touched {
         Ok(Some(found)) => {
             bump(&ctx.stats.touch_hits);
             ctx.out.push_response(value_response(found, cas));
@@ -418,6 +468,10 @@ fn render_lookup(
     match found {
         Some(_) => bump(&ctx.stats.get_hits),
         None => bump(&ctx.stats.get_misses),
+    }
+    let watchers = &ctx.sources.watchers;
+    if watchers.wants(WatchFlags::FETCHERS) {
+        watchers.item_get(key, found.as_ref().map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
     }
     match kind {
         LookupKind::Get { cas } => {
@@ -863,7 +917,9 @@ fn meta_set(ctx: &mut Ctx<'_>, m: &MetaSet<'_>) {
         ..StoreRequest::new(mode, key, m.data)
     };
     *ctx.wrote = true;
-    let (code, cas) = match ctx.store.store(&req) {
+    let stored = ctx.store.store(&req);
+    log_store(ctx, &req, &stored);
+    let (code, cas) = match stored {
         Ok(outcome) => {
             count_cas(ctx, mode, &outcome);
             match outcome {

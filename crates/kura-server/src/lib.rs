@@ -55,6 +55,7 @@ pub mod store;
 #[cfg(test)]
 mod store_model_tests;
 pub mod uring;
+pub mod watch;
 pub mod worker;
 
 pub use cli::ServeArgs;

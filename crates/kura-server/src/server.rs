@@ -137,6 +137,7 @@ impl Server {
                 workers: worker_stats.clone(),
                 store: Arc::clone(&store),
                 crawler: Arc::new(crate::crawler::Crawler::new(Arc::clone(&store), Arc::clone(&conns))),
+                watchers: Arc::default(),
             },
             store,
             conns,

@@ -190,6 +190,8 @@ pub struct StatsSources {
     pub store: Arc<Store>,
     /// `lru_crawler crawl` and the other crawler commands (its counters and settings).
     pub crawler: Arc<crate::crawler::Crawler>,
+    /// `watch`ing connections and what they are sent.
+    pub watchers: Arc<crate::watch::Watchers>,
 }
 
 pub const VERSION: &str = concat!("1.6.18-kura-", env!("CARGO_PKG_VERSION"));

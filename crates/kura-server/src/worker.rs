@@ -43,6 +43,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::exec::{self, Ctx, Flow, Lookups, bump, finish_lookup};
 use crate::metadump::{self, Dump};
+use crate::watch;
 use crate::output::Output;
 use crate::stats::{ConnEntry, ConnStats, StatsSources, WorkerStats};
 use crate::store::Store;
@@ -96,6 +97,8 @@ struct Conn {
     stream: TcpStream,
     /// What `stats conns` shows of it.
     entry: Arc<ConnEntry>,
+    /// It sent `watch`: log lines go to it, its input is dropped.
+    watch: Option<Arc<watch::Watcher>>,
     generation: u64,
     /// Unparsed input is `input[start..end]`; the buffer's length is its capacity.
     input: Vec<u8>,
@@ -188,6 +191,8 @@ pub struct Worker {
     waker: Arc<Waker>,
     /// Connections sending a metadump.
     dumps: usize,
+    /// Connections that are watchers.
+    watches: usize,
     /// Threads of dumps whose connection closed before they ended (joined when the worker
     /// stops; they stop at their next item).
     dump_threads: Vec<std::thread::JoinHandle<()>>,
@@ -228,6 +233,7 @@ impl Worker {
             draining_since: None,
             waker,
             dumps: 0,
+            watches: 0,
             dump_threads: Vec::new(),
         })
     }
@@ -236,7 +242,7 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let mut last_sweep = Instant::now();
         loop {
-            let timeout = if !self.ready.is_empty() || self.reads.has_ready() || self.dumps_want_room() {
+            let timeout = if !self.ready.is_empty() || self.reads.has_ready() || self.dumps_want_room() || self.watches_want_room() {
                 Duration::ZERO
             } else if self.draining_since.is_some() {
                 LINGER_CHECK_INTERVAL
@@ -278,6 +284,7 @@ impl Worker {
             // so a burst of requests does not hold them back.
             self.finish_reads(reads_signalled);
             self.pump_dumps();
+            self.pump_watches();
             self.sync_writes();
             self.flush_dirty();
             self.serve_ready();
@@ -298,7 +305,7 @@ impl Worker {
             }
         }
         for index in 0..self.conns.len() {
-            self.close(index);
+            self.close(index, "shutdown");
         }
         for thread in self.dump_threads.drain(..) {
             let _ = thread.join();
@@ -339,6 +346,48 @@ impl Worker {
     fn dumps_want_room(&self) -> bool {
         let high = self.shared.limits.output_high_bytes;
         self.dumps > 0 && self.conns.iter().flatten().any(|c| c.dump.as_ref().is_some_and(|d| d.room_limited) && c.out.queued_bytes() < high)
+    }
+
+    /// Makes connection `index` a watcher of `flags` (or answers that there are too many).
+    fn start_watch(&mut self, index: usize, flags: kura_proto::WatchFlags) {
+        let waker = Arc::clone(&self.waker);
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            let _ = waker.wake();
+        });
+        let Some(conn) = self.conns[index].as_mut() else { return };
+        match self.shared.sources.watchers.add(flags, wake) {
+            Some(watcher) => {
+                conn.out.push_bytes(b"OK\r\n");
+                conn.start = conn.end;
+                conn.watch = Some(watcher);
+                self.watches += 1;
+            }
+            None => conn.out.push_bytes(watch::TOO_MANY_REPLY),
+        }
+        self.queue_dirty(index);
+    }
+
+    /// Moves waiting log lines into watchers' output while it has room.
+    fn pump_watches(&mut self) {
+        if self.watches == 0 {
+            return;
+        }
+        let high = self.shared.limits.output_high_bytes;
+        for index in 0..self.conns.len() {
+            let Some(conn) = self.conns[index].as_mut() else { continue };
+            let Some(watcher) = conn.watch.as_ref() else { continue };
+            let before = conn.out.queued_bytes();
+            watcher.drain(high.saturating_sub(before), &mut conn.out);
+            if conn.out.queued_bytes() != before {
+                self.queue_dirty(index);
+            }
+        }
+    }
+
+    /// Whether a watcher has lines waiting and room for them (no event would announce it).
+    fn watches_want_room(&self) -> bool {
+        let high = self.shared.limits.output_high_bytes;
+        self.watches > 0 && self.conns.iter().flatten().any(|c| c.watch.as_ref().is_some_and(|w| w.has_pending()) && c.out.queued_bytes() < high)
     }
 
     /// Starts the metadump a request on connection `index` asked for (or answers `BUSY`).
@@ -402,9 +451,11 @@ impl Worker {
             let addr = |a: io::Result<std::net::SocketAddr>| a.map_or_else(|_| "tcp:?".to_owned(), |a| crate::stats::conn_addr(&a));
             let entry = Arc::new(ConnEntry::new(addr(stream.peer_addr()), Some(addr(stream.local_addr())), self.uptime_s()));
             self.shared.conns.registry.insert(stream.as_raw_fd(), Arc::clone(&entry));
+            self.shared.sources.watchers.conn_event(stream.peer_addr().ok(), stream.as_raw_fd(), None);
             self.conns[index] = Some(Conn {
                 stream,
                 entry,
+                watch: None,
                 generation,
                 input: vec![0; INPUT_CHUNK_BYTES],
                 start: 0,
@@ -486,8 +537,8 @@ impl Worker {
             }
             let conn = self.conns[conn_index].as_mut().expect("checked alive");
             let mut wrote = false;
-            // A lookup's completion never asks for a metadump.
-            let mut metadump = None;
+            // A lookup's completion never hands anything over.
+            let mut handover = None;
             let mut ctx = Ctx {
                 store: &self.shared.store,
                 sources: &self.shared.sources,
@@ -500,7 +551,7 @@ impl Worker {
                 out: &mut conn.out,
                 wrote: &mut wrote,
                 sync_requested: &mut self.sync_requested,
-                metadump: &mut metadump,
+                handover: &mut handover,
             };
             if let Some((lookup, offset_bytes, len_bytes)) =
                 finish_lookup(&mut ctx, lookup, completion.result)
@@ -623,7 +674,7 @@ impl Worker {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data,
             Err(_) => {
-                self.close(index);
+                self.close(index, "error");
                 ReadResult::Closed
             }
         }
@@ -632,20 +683,31 @@ impl Worker {
     /// Runs every complete request in the input buffer, until one is
     /// incomplete or the connection must wait.
     fn execute_buffered(&mut self, index: usize) {
-        while let Some(dump) = self.execute_buffered_until_dump(index) {
-            self.start_dump(index, dump);
+        while let Some(handover) = self.execute_buffered_until_handover(index) {
+            match handover {
+                exec::Handover::Dump(classes, format) => self.start_dump(index, (classes, format)),
+                exec::Handover::Watch(flags) => {
+                    self.start_watch(index, flags);
+                    return;
+                }
+            }
             if self.conns[index].as_ref().is_none_or(|c| c.dump.is_some()) {
                 return;
             }
         }
     }
 
-    /// [`Worker::execute_buffered`] up to an `lru_crawler metadump` or `mgdump`, whose classes
-    /// and format it returns.
-    fn execute_buffered_until_dump(&mut self, index: usize) -> Option<(kura_proto::MetadumpClasses, metadump::DumpFormat)> {
+    /// [`Worker::execute_buffered`] up to a request that hands the connection over
+    /// (`lru_crawler metadump|mgdump`, `watch`), which it returns.
+    fn execute_buffered_until_handover(&mut self, index: usize) -> Option<exec::Handover> {
         let limits = self.shared.limits.clone();
         let conn = self.conns[index].as_mut()?;
-        let mut dump_asked = None;
+        if conn.watch.is_some() {
+            // A watcher's input is dropped unread, as memcached does.
+            conn.start = conn.end;
+            return None;
+        }
+        let mut asked = None;
         conn.barrier = false;
         conn.stalled = false;
         conn.frame_hint = 0;
@@ -679,7 +741,7 @@ impl Worker {
             } = conn;
             let buf = &input[*start..*end];
             let mut wrote = false;
-            let mut metadump = None;
+            let mut handover = None;
             match kura_proto::parse(buf, &limits.parser) {
                 Ok(Parsed::Incomplete { frame_bytes }) => {
                     *stalled = true;
@@ -711,7 +773,7 @@ impl Worker {
                         out,
                         wrote: &mut wrote,
                         sync_requested: &mut self.sync_requested,
-                        metadump: &mut metadump,
+                        handover: &mut handover,
                     };
                     let flow = exec::execute(&mut ctx, request, raw);
                     *start += consumed_bytes;
@@ -739,14 +801,15 @@ impl Worker {
                 *unsynced = true;
                 self.wrote = true;
             }
-            if metadump.is_some() {
-                // Nothing after it is parsed until the dump has been sent (or refused).
-                dump_asked = metadump;
+            if handover.is_some() {
+                // Nothing after it is parsed until the dump has been sent (or refused); a
+                // watcher's input is never run.
+                asked = handover;
                 break;
             }
         }
         conn.shrink_if_idle();
-        dump_asked
+        asked
     }
 
     /// `--sync always` or a `sync` command: make this turn's writes (every acknowledged write,
@@ -770,7 +833,7 @@ impl Worker {
                     .as_ref()
                     .is_some_and(|c| c.unsynced || sync_requested)
                 {
-                    self.close(index);
+                    self.close(index, "error");
                 }
             }
             return;
@@ -803,7 +866,7 @@ impl Worker {
                     conn.entry.set_writing(!conn.out.is_empty());
                 }
                 Err(_) => {
-                    self.close(index);
+                    self.close(index, "error");
                     continue;
                 }
             }
@@ -812,7 +875,7 @@ impl Worker {
                 if self.draining_since.is_some() {
                     self.linger(index);
                 } else {
-                    self.close(index);
+                    self.close(index, "normal");
                 }
                 continue;
             }
@@ -845,7 +908,7 @@ impl Worker {
         if !conn.lingering {
             conn.lingering = true;
             if conn.stream.shutdown(std::net::Shutdown::Write).is_err() {
-                self.close(index);
+                self.close(index, "shutdown");
                 return;
             }
         }
@@ -859,7 +922,7 @@ impl Worker {
             },
         };
         if done {
-            self.close(index);
+            self.close(index, "shutdown");
         }
     }
 
@@ -870,15 +933,17 @@ impl Worker {
         for index in 0..self.conns.len() {
             let idle = self.conns[index]
                 .as_ref()
-                .is_some_and(|c| c.out.pending() == 0 && c.dump.is_none() && c.last_active.elapsed() >= timeout);
+                .is_some_and(|c| c.out.pending() == 0 && c.dump.is_none() && c.watch.is_none() && c.last_active.elapsed() >= timeout);
             if idle {
                 bump(&self.shared.conns.idle_kicks);
-                self.close(index);
+                self.close(index, "idle_timeout");
             }
         }
     }
 
-    fn close(&mut self, index: usize) {
+    /// Closes connection `index`; `reason` is what `watch connevents` says of it (memcached's
+    /// `normal`, `error`, `idle_timeout`, `shutdown`).
+    fn close(&mut self, index: usize, reason: &str) {
         let Some(mut conn) = self.conns[index].take() else {
             return;
         };
@@ -887,8 +952,15 @@ impl Worker {
             self.dump_threads.push(dump.thread);
             self.dumps -= 1;
         }
+        let watchers = &self.shared.sources.watchers;
+        if let Some(watcher) = conn.watch.take() {
+            watchers.remove(&watcher);
+            self.watches -= 1;
+        }
+        let fd = conn.stream.as_raw_fd();
+        watchers.conn_event(conn.stream.peer_addr().ok(), fd, Some(reason));
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.shared.conns.registry.remove(conn.stream.as_raw_fd(), &conn.entry);
+        self.shared.conns.registry.remove(fd, &conn.entry);
         self.free.push(index);
         self.shared
             .conns

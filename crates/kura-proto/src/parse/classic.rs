@@ -11,7 +11,7 @@ use crate::limits::{DATA_LENGTH_MAX_BYTES, ParserLimits};
 use crate::meta::ArithmeticOp;
 use crate::request::{
     CrawlerCommand, MetadumpClasses, Request, Retrieval, RetrievalCommand, ShutdownMode, Storage,
-    StorageCommand, TuningReply,
+    StorageCommand, TuningReply, WatchFlags,
 };
 
 /// `get`/`gets <key>*`, `gat`/`gats <exptime> <key>*`. `words` follows the name.
@@ -74,6 +74,7 @@ pub(super) fn parse<'a>(
         b"lru_crawler" => lru_crawler(line)?,
         b"slabs" => Request::Tuning(slabs(line)?),
         b"lru" => Request::Tuning(lru(line)?),
+        b"watch" => Request::Watch(watch(line)?),
         _ => return Err(LineError::unknown()),
     };
     Ok(Head::Complete(request))
@@ -241,6 +242,20 @@ fn lru_crawler(line: &Line<'_>) -> Result<Request<'static>, LineError> {
         (2, b"disable") => Request::LruCrawler(CrawlerCommand::Disable),
         _ => return Err(LineError::unknown()),
     })
+}
+
+/// `watch [<stream> ...]`, memcached 1.6.18's names; none means `fetchers`; an unknown name
+/// is `ERROR`.
+fn watch(line: &Line<'_>) -> Result<WatchFlags, LineError> {
+    if line.count() == 1 {
+        return Ok(WatchFlags::FETCHERS);
+    }
+    let mut flags = WatchFlags::default();
+    for i in 1..line.count() {
+        let stream = WatchFlags::NAMES.iter().find(|(name, _)| *name == line.get(i)).ok_or_else(LineError::unknown)?;
+        flags = flags.with(stream.1);
+    }
+    Ok(flags)
 }
 
 /// `slabs automove <0|1|2>` and `slabs reassign <src> <dst>`, as memcached 1.6.18 answers

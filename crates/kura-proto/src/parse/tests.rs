@@ -7,7 +7,7 @@ use crate::error::Recovery;
 use crate::lex::Tokens;
 use crate::limits::{KEY_LENGTH_MAX, LINE_LENGTH_MAX, RETRIEVAL_LINE_LENGTH_MAX};
 use crate::meta::{ArithmeticOp, MetaFlag, SetMode};
-use crate::request::{CrawlerCommand, TuningReply, MetadumpClasses, ShutdownMode, Storage, StorageCommand};
+use crate::request::{CrawlerCommand, TuningReply, MetadumpClasses, ShutdownMode, Storage, StorageCommand, WatchFlags};
 
 fn limits() -> ParserLimits {
     ParserLimits::default()
@@ -715,6 +715,13 @@ mod other_classic {
         for bad in [&b"0"[..], b"64", b"-1", b"ALL", b"1,x", b",", b"abc"] {
             let line = [&b"lru_crawler metadump "[..], bad, b"\r\n"].concat();
             assert_eq!(ok(&line), Request::Metadump(MetadumpClasses::Invalid), "{}", String::from_utf8_lossy(bad));
+        }
+        // watch: memcached 1.6.18's stream names; none is fetchers; anything else is ERROR.
+        assert_eq!(ok(b"watch\r\n"), Request::Watch(WatchFlags::FETCHERS));
+        assert_eq!(ok(b"watch mutations connevents\r\n"), Request::Watch(WatchFlags::MUTATIONS.with(WatchFlags::CONNEVENTS)));
+        assert_eq!(ok(b"watch rawcmds evictions fetchers sysevents proxyreqs proxyevents proxyuser\r\n"), Request::Watch(WatchFlags(0b1_1111_0101)));
+        for bad in [&b"watch bogus\r\n"[..], b"watch fetchers deletions\r\n", b"watch FETCHERS\r\n"] {
+            assert_eq!(err(bad).kind, ErrorKind::UnknownCommand, "{}", String::from_utf8_lossy(bad));
         }
         // mgdump takes the same classes.
         assert_eq!(ok(b"lru_crawler mgdump all\r\n"), Request::Mgdump(MetadumpClasses::All));
