@@ -80,11 +80,13 @@ pub struct ConnEntry {
     writing: std::sync::atomic::AtomicBool,
     /// The client has sent something (until then memcached lists it as `conn_new_cmd`).
     spoke: std::sync::atomic::AtomicBool,
+    /// The connection sent `watch` (`conn_watch`).
+    watching: std::sync::atomic::AtomicBool,
 }
 
 impl ConnEntry {
     pub fn new(addr: String, listen_addr: Option<String>, now_s: u64) -> Self {
-        Self { addr, listen_addr, last_cmd_s: AtomicU64::new(now_s), writing: Default::default(), spoke: Default::default() }
+        Self { addr, listen_addr, last_cmd_s: AtomicU64::new(now_s), writing: Default::default(), spoke: Default::default(), watching: Default::default() }
     }
 
     /// A command arrived `now_s` seconds after the server's start.
@@ -96,6 +98,11 @@ impl ConnEntry {
     /// Whether replies wait for the client to read them.
     pub fn set_writing(&self, writing: bool) {
         self.writing.store(writing, Ordering::Relaxed);
+    }
+
+    /// The connection became a watcher.
+    pub fn set_watching(&self) {
+        self.watching.store(true, Ordering::Relaxed);
     }
 }
 
@@ -128,7 +135,7 @@ impl ConnRegistry {
     /// `stats conns`' lines, memcached's: for each descriptor in order `<fd>:addr`,
     /// `<fd>:listen_addr` (connections), `<fd>:state` and `<fd>:secs_since_last_cmd`. The
     /// asking connection (`asking_fd`) is `conn_parse_cmd`, one whose replies wait for its
-    /// client `conn_mwrite`, one that has sent nothing yet `conn_new_cmd`, the others
+    /// client `conn_mwrite`, a watcher `conn_watch`, one that has sent nothing yet `conn_new_cmd`, the others
     /// `conn_read` (waiting for a command), listeners `conn_listening`.
     pub fn lines(&self, asking_fd: i32, now_s: u64) -> Vec<(String, String)> {
         let entries = self.lock();
@@ -141,6 +148,8 @@ impl ConnRegistry {
                     lines.push((format!("{fd}:listen_addr"), listen_addr.clone()));
                     if *fd == asking_fd {
                         "conn_parse_cmd"
+                    } else if entry.watching.load(Ordering::Relaxed) {
+                        "conn_watch"
                     } else if entry.writing.load(Ordering::Relaxed) {
                         "conn_mwrite"
                     } else if !entry.spoke.load(Ordering::Relaxed) {

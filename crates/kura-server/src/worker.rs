@@ -359,6 +359,7 @@ impl Worker {
             Some(watcher) => {
                 conn.out.push_bytes(b"OK\r\n");
                 conn.start = conn.end;
+                conn.entry.set_watching();
                 conn.watch = Some(watcher);
                 self.watches += 1;
             }

@@ -564,7 +564,7 @@ fn http_get(addr: &str, path: &str) -> String {
 /// `stats conns` as memcached's, per connection by its client's address: the listener
 /// (`conn_listening`), a client that stored something (`conn_read`) and one that never sent a
 /// command (`conn_new_cmd`), seconds since their last command counting, the asking one
-/// (`conn_parse_cmd`, 0 s); one that stopped reading its replies is `conn_mwrite` in kura
+/// (`conn_parse_cmd`, 0 s), a watcher (`conn_watch`); one that stopped reading its replies is `conn_mwrite` in kura
 /// (memcached, which takes turns between connections, lists it as `conn_new_cmd` or
 /// `conn_mwrite`); a closed connection leaves the list.
 #[test]
@@ -602,12 +602,15 @@ fn conns_view(port: u16) -> Vec<(String, String, String)> {
     let mut stuck = Client::connect(port);
     stuck.set("big", &vec![b'b'; 60_000]);
     stuck.send("get big\r\n".repeat(2000));
+    let mut watcher = Client::connect(port);
+    watcher.send("watch connevents\r\n");
+    assert_eq!(watcher.line(), "OK\r\n");
     let mut asking = Client::connect(port);
     asking.send("version\r\n");
     asking.line();
     std::thread::sleep(Duration::from_millis(1300));
     let local_port = |c: &Client| c.stream.local_addr().unwrap().port();
-    let roles = [(local_port(&stored), "stored"), (local_port(&idle), "idle"), (local_port(&stuck), "stuck"), (local_port(&asking), "asking")];
+    let roles = [(local_port(&stored), "stored"), (local_port(&idle), "idle"), (local_port(&stuck), "stuck"), (local_port(&asking), "asking"), (local_port(&watcher), "watcher")];
     let listing = asking.until_end("stats conns\r\n");
     // Lines by descriptor, in the order listed.
     let mut by_fd: Vec<(u32, Vec<(String, String)>)> = Vec::new();
@@ -653,7 +656,7 @@ fn conns_view(port: u16) -> Vec<(String, String, String)> {
         }
     }
     view.sort();
-    assert_eq!(view.iter().filter(|(_, f, _)| f == "addr").count(), 5, "{listing}");
+    assert_eq!(view.iter().filter(|(_, f, _)| f == "addr").count(), 6, "{listing}");
     // A closed connection leaves the list.
     drop(stored);
     assert!(eventually(Duration::from_secs(5), || !asking.until_end("stats conns\r\n").contains(&format!(":{}\r\n", roles[0].0))));
