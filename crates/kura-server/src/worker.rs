@@ -452,7 +452,10 @@ impl Worker {
             let addr = |a: io::Result<std::net::SocketAddr>| a.map_or_else(|_| "tcp:?".to_owned(), |a| crate::stats::conn_addr(&a));
             let entry = Arc::new(ConnEntry::new(addr(stream.peer_addr()), Some(addr(stream.local_addr())), self.uptime_s()));
             self.shared.conns.registry.insert(stream.as_raw_fd(), Arc::clone(&entry));
-            self.shared.sources.watchers.conn_event(stream.peer_addr().ok(), stream.as_raw_fd(), None);
+            let watchers = &self.shared.sources.watchers;
+            if watchers.wants(kura_proto::WatchFlags::CONNEVENTS) {
+                watchers.conn_event(stream.peer_addr().ok(), stream.as_raw_fd(), None);
+            }
             self.conns[index] = Some(Conn {
                 stream,
                 entry,
@@ -959,7 +962,9 @@ impl Worker {
             self.watches -= 1;
         }
         let fd = conn.stream.as_raw_fd();
-        watchers.conn_event(conn.stream.peer_addr().ok(), fd, Some(reason));
+        if watchers.wants(kura_proto::WatchFlags::CONNEVENTS) {
+            watchers.conn_event(conn.stream.peer_addr().ok(), fd, Some(reason));
+        }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.shared.conns.registry.remove(fd, &conn.entry);
         self.free.push(index);
