@@ -244,6 +244,11 @@ fn reply(ctx: &mut Ctx<'_>, reply: Reply, noreply: bool) {
 
 fn server_error(ctx: &mut Ctx<'_>, error: &StoreError, noreply: bool) {
     bump(&ctx.stats.server_errors);
+    match error {
+        StoreError::TooLarge | StoreError::Engine(kura_engine::Error::ValueTooLarge { .. }) => bump(&ctx.stats.store_too_large),
+        StoreError::OutOfMemory | StoreError::Engine(kura_engine::Error::StoreFull { .. }) => bump(&ctx.stats.store_no_memory),
+        _ => {}
+    }
     let full = matches!(error, StoreError::Engine(kura_engine::Error::StoreFull { .. }));
     if full {
         // Expired items may be what fills it.

@@ -39,6 +39,7 @@ counters!(
         bytes_read, bytes_written,
         ram_cache_hits, flash_gets, flash_reads,
         protocol_errors, server_errors,
+        store_too_large, store_no_memory,
     }
 );
 
@@ -294,6 +295,10 @@ impl StatsSources {
         out.extend([
             ("limit_maxbytes", U64(engine.capacity_bytes)),
             ("accepting_conns", U64(1)),
+            // kura refuses connections over `-c` (`rejected_connections`) and never stops
+            // listening, as memcached does when it runs out.
+            ("listen_disabled_num", U64(0)),
+            ("time_in_listen_disabled_us", U64(0)),
             ("idle_kicks", U64(load(&self.conns.idle_kicks))),
             ("threads", U64(self.info.threads as u64)),
         ]);
@@ -312,6 +317,12 @@ impl StatsSources {
             ("evictions", U64(engine.evicted_records_estimate)),
             ("crawler_reclaimed", U64(crawler_reclaimed)),
             ("crawler_items_checked", U64(crawler_items_checked)),
+            // Stores refused: an item over `-I`; no room (store mode, live data fills it).
+            ("store_too_large", U64(counter("store_too_large"))),
+            ("store_no_memory", U64(counter("store_no_memory"))),
+            ("log_watchers", U64(self.watchers.count() as u64)),
+            ("log_watcher_sent", U64(self.watchers.lines_sent())),
+            ("log_watcher_skipped", U64(self.watchers.lines_skipped())),
             (
                 "kura_mode",
                 Text(format!("{:?}", self.store.mode()).to_lowercase()),
@@ -416,6 +427,7 @@ fn is_gauge(name: &str) -> bool {
             | "threads"
             | "bytes"
             | "curr_items"
+            | "log_watchers"
             | "kura_ram_cache_limit_bytes"
             | "kura_ram_cache_bytes"
             | "kura_ram_cache_items"

@@ -44,6 +44,10 @@ pub struct Watchers {
     /// The streams at least one watcher wants (what the hot paths look at).
     wanted: AtomicU32,
     next_gid: AtomicU64,
+    /// Lines handed to watchers, and lines a watcher's full buffer lost (`stats`:
+    /// `log_watcher_sent`, `log_watcher_skipped`).
+    sent: AtomicU64,
+    skipped: AtomicU64,
     list: Mutex<Vec<Arc<Watcher>>>,
 }
 
@@ -108,6 +112,21 @@ impl Watchers {
         self.wanted.store(wanted, Ordering::Relaxed);
     }
 
+    /// Watchers connected.
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Lines handed to watchers so far.
+    pub fn lines_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Lines lost to watchers that did not keep up.
+    pub fn lines_skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Watcher>>> {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -129,8 +148,10 @@ impl Watchers {
                 let mut pending = watcher.pending.lock().unwrap_or_else(|e| e.into_inner());
                 if pending.lines.len() + line.len() > WATCH_BUFFER_BYTES_MAX {
                     pending.skipped += 1;
+                    self.skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                self.sent.fetch_add(1, Ordering::Relaxed);
                 let was_empty = pending.lines.is_empty() && pending.skipped == 0;
                 pending.lines.extend_from_slice(&line);
                 was_empty

@@ -787,6 +787,9 @@ impl Worker {
                 }
                 Err(error) => {
                     bump(&self.stats.protocol_errors);
+                    if error.kind == kura_proto::ErrorKind::ObjectTooLarge {
+                        bump(&self.stats.store_too_large);
+                    }
                     if let Some(reply) = error.reply() {
                         out.push_with(|o| {
                             o.extend_from_slice(reply.as_bytes());

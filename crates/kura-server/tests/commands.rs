@@ -61,6 +61,10 @@ fn values_up_to_the_item_limit_and_past_it() {
     // append past the limit is not stored, as in memcached.
     c.expect("append big 0 0 1\r\nx\r\n", "NOT_STORED\r\n");
     assert_eq!(c.get("big"), Some(big));
+    // memcached's counter of refused items: the three sets (not the append).
+    assert_eq!(c.stat("store_too_large"), 3);
+    assert_eq!(c.stat("store_no_memory"), 0);
+    assert_eq!(c.stat("listen_disabled_num"), 0);
 }
 
 #[test]

@@ -246,6 +246,7 @@ fn a_full_store_refuses_sets_and_keeps_its_data() {
         "after {stored} sets"
     );
     assert!(stored > 1000, "only {stored} sets fit");
+    assert_eq!(c.stat("store_no_memory"), 1, "memcached's counter of stores refused for room");
     for i in (0..stored).step_by(97) {
         assert_eq!(c.get(&format!("s{i}")), Some(value.clone()), "s{i} is kept");
     }

@@ -223,4 +223,8 @@ fn a_watcher_that_does_not_read_loses_lines_not_clients() {
     let logged = all.lines().filter(|l| l.contains("type=item_get key=hot")).count() as u64;
     assert!(skipped > 0, "lines were lost and counted");
     assert_eq!(logged + skipped, LOOKUPS as u64, "every lookup was logged or counted as skipped");
+    // memcached's logger counters: the same lines, one watcher.
+    assert_eq!(c.stat("log_watchers"), 1);
+    assert_eq!(c.stat("log_watcher_skipped"), skipped);
+    assert_eq!(c.stat("log_watcher_sent"), logged + 1, "the lookups' lines and the one of `after`");
 }
