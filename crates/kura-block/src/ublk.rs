@@ -13,6 +13,18 @@
 //!
 //! The device has a volatile write cache and FUA (`FLUSH` → the pool's barrier, `FUA` → the
 //! write is durable before it completes), discard and write-zeroes (blocks deleted).
+//!
+//! **Surviving the death of this process** ([`UblkConfig::recoverable`]): on a pool of servers
+//! (whatever a request completed is on a server, which outlives this process) the device is
+//! added with the driver's user recovery and reissue (`UBLK_F_USER_RECOVERY |
+//! UBLK_F_USER_RECOVERY_REISSUE`): when this process dies — killed, crashed, or stopped for an
+//! upgrade — `/dev/ublkbN` stays, its requests wait in the kernel (file systems on it see no
+//! error), and a new `kura block ublk --recover N` takes it over ([`UblkConfig::recover`]):
+//! requests this process had been given and not completed are given again (block writes are
+//! idempotent), then the rest. On the embedded engine a completed write may still be in the
+//! dying process's write buffer, waiting for the next flush; the file system above would
+//! carry on as if the device had kept it, so there the device is not recoverable and goes
+//! away with the process, as before.
 
 use std::sync::Arc;
 
@@ -45,17 +57,35 @@ pub struct UblkConfig {
     pub window: usize,
     /// Device id to ask for (`/dev/ublkbN`); `-1`: the driver picks.
     pub id: i32,
+    /// Add the device so that it outlives this process (see the module documentation); for
+    /// pools whose servers keep what a request completed.
+    pub recoverable: bool,
+    /// Take over device [`UblkConfig::id`], left waiting by a kura process that died: its
+    /// queues, depth and buffer size are the device's own (the fields here are ignored).
+    pub recover: bool,
 }
 
 impl Default for UblkConfig {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u16;
-        Self { queues: cpus.clamp(1, QUEUES_MAX), depth: QUEUE_DEPTH_DEFAULT, io_buf_bytes: IO_BUF_BYTES_DEFAULT, window: crate::queue::WINDOW_MAX, id: -1 }
+        Self { queues: cpus.clamp(1, QUEUES_MAX), depth: QUEUE_DEPTH_DEFAULT, io_buf_bytes: IO_BUF_BYTES_DEFAULT, window: crate::queue::WINDOW_MAX, id: -1, recoverable: false, recover: false }
     }
 }
 
+/// The driver's user recovery, with the requests the dead process had been given reissued to
+/// the next one (not failed): writes of whole blocks to the pool are idempotent.
+const RECOVERY_FLAGS: u64 = (sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
+
 fn ublk_error(what: &str, e: UblkError) -> BlockError {
     BlockError::Io(std::io::Error::other(format!("ublk: {what}: {e}")))
+}
+
+/// The size of existing device `id` (to check that a recovery serves the volume it served).
+pub fn device_size_bytes(id: i32) -> Result<u64> {
+    let ctrl = UblkCtrl::new_simple(id).map_err(|e| ublk_error(&format!("opening device {id}"), e))?;
+    let mut params = sys::ublk_params::default();
+    ctrl.get_params(&mut params).map_err(|e| ublk_error(&format!("reading device {id}'s parameters"), e))?;
+    Ok(params.basic.dev_sectors << SECTOR_SHIFT)
 }
 
 /// Whether this machine's kernel can host ublk devices.
@@ -93,8 +123,12 @@ impl UblkStopper {
 }
 
 impl UblkDevice {
-    /// Adds a device (not yet started: no `/dev/ublkbN` until [`UblkDevice::run`]).
+    /// Adds a device (not yet started: no `/dev/ublkbN` until [`UblkDevice::run`]), or, with
+    /// [`UblkConfig::recover`], begins taking over a device left waiting.
     pub fn add(config: UblkConfig) -> Result<Self> {
+        if config.recover {
+            return Self::begin_recovery(config);
+        }
         if !(1..=QUEUES_MAX).contains(&config.queues) || !(1..=QUEUE_DEPTH_MAX).contains(&config.depth) {
             return Err(BlockError::Invalid(format!("queues must be 1..={QUEUES_MAX} and depth 1..={QUEUE_DEPTH_MAX}")));
         }
@@ -107,11 +141,50 @@ impl UblkDevice {
             .nr_queues(config.queues)
             .depth(config.depth)
             .io_buf_bytes(config.io_buf_bytes)
+            .ctrl_flags(if config.recoverable { RECOVERY_FLAGS } else { 0 })
             .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
             .build()
             .map_err(|e| ublk_error("adding the device", e))?;
         Ok(Self { ctrl, config })
     }
+
+    /// [`UblkDevice::add`] for [`UblkConfig::recover`]: checks that device `id` is one of
+    /// kura's recoverable devices waiting for a server (`QUIESCED`), starts the driver's user
+    /// recovery (it waits until the dead process has let go of `/dev/ublkcN`), and opens the
+    /// device with its own queues, depth and buffer size.
+    fn begin_recovery(mut config: UblkConfig) -> Result<Self> {
+        let id = config.id;
+        if id < 0 {
+            return Err(BlockError::Invalid("recovering a ublk device needs its id".into()));
+        }
+        let old = UblkCtrl::new_simple(id).map_err(|e| ublk_error(&format!("opening device {id}"), e))?;
+        let info = old.dev_info();
+        if info.flags & RECOVERY_FLAGS != RECOVERY_FLAGS {
+            return Err(BlockError::Invalid(format!("ublk device {id} was not added recoverable (its flags: {:#x})", info.flags)));
+        }
+        if info.state == sys::UBLK_S_DEV_LIVE as u16 {
+            return Err(BlockError::Invalid(format!("ublk device {id} is live: another process serves it")));
+        }
+        tracing::info!(dev_id = id, state = info.state, "ublk: recovering the device");
+        old.start_user_recover().map_err(|e| ublk_error(&format!("starting the recovery of device {id}"), e))?;
+        config.queues = info.nr_hw_queues;
+        config.depth = info.queue_depth;
+        config.io_buf_bytes = info.max_io_buf_bytes;
+        config.recoverable = true;
+        let ctrl = libublk::ctrl::UblkCtrlBuilder::default()
+            .name("kura")
+            .id(id)
+            .nr_queues(config.queues)
+            .depth(config.depth)
+            .io_buf_bytes(config.io_buf_bytes)
+            .ctrl_flags(RECOVERY_FLAGS)
+            .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
+            .build()
+            .map_err(|e| ublk_error(&format!("recovering device {id}"), e))?;
+        Ok(Self { ctrl, config })
+    }
+
+
 
     pub fn stopper(&self) -> UblkStopper {
         UblkStopper { dev_id: self.ctrl.dev_info().dev_id }

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use kura_testkit::{VmOptions, ensure_vm, free_tcp_port, require_cmd, run_in_vm, skip, vm_required};
 
 /// The checks vm-block.sh runs in the VM, in order (one boot for all).
-const VM_CHECKS: [&str; 6] = ["ublk-raw", "ublk-embedded", "nbd-embedded", "ublk-kura", "ublk-memcached", "ublk-redis"];
+const VM_CHECKS: [&str; 7] = ["ublk-raw", "ublk-embedded", "nbd-embedded", "ublk-kura", "ublk-recover", "ublk-memcached", "ublk-redis"];
 /// The checks that also run on a host with /dev/ublk-control.
-const HOST_CHECKS: [&str; 5] = ["ublk-raw", "ublk-embedded", "ublk-kura", "ublk-memcached", "ublk-redis"];
+const HOST_CHECKS: [&str; 6] = ["ublk-raw", "ublk-embedded", "ublk-kura", "ublk-recover", "ublk-memcached", "ublk-redis"];
 /// Data each file system check writes: small, because the VM's CPU is emulated (a tree of
 /// about 25 files; each file costs a process, and processes are slow there).
 const FS_CHECK_MB: u32 = 4;
@@ -153,6 +153,15 @@ fn vm_kernel_nbd_ext4_and_xfs_survive_a_restart() {
 #[test]
 fn vm_ublk_on_a_kura_server_xfs_survives_restarts() {
     vm_check("ublk-kura");
+}
+
+/// `kura block ublk` on a `kura serve` store, SIGKILLed twice while ext4 on it is being
+/// written and fsynced: the device stays, the writer waits without an error, `kura block ublk
+/// --recover N` takes it over each time; fsck clean, every file as written; recoveries of a
+/// live device or with another volume refused.
+#[test]
+fn vm_ublk_survives_its_server_killed_and_recovered() {
+    vm_check("ublk-recover");
 }
 
 /// `kura block ublk` on a stock memcached → fio verify; ext4 → kura restarted → fsck clean,

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Arc;
 
 use kura_block::fuse::{FuseConfig, FuseExport};
-use kura_block::nbd::{NbdConfig, NbdServer};
+use kura_block::nbd::{NbdConfig, NbdServer, NbdTls};
 use kura_block::ublk::{UblkConfig, UblkDevice};
 use kura_block::{PoolHandle, Volume, Volumes, open_pool};
 use kura_pool::PoolConfig;
@@ -109,8 +109,19 @@ pub struct UblkArgs {
     #[arg(long, default_value = "512K")]
     max_request: ByteSize,
     /// Ask for this device number (/dev/ublkbN); default: the driver picks one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "recover")]
     id: Option<i32>,
+    /// Take over device N (/dev/ublkbN), left waiting by a `kura block ublk` that was killed
+    /// or crashed: the file systems on it never saw an error, requests it had been given are
+    /// given again. Give the same --volume and --pool; the device keeps its own --queues,
+    /// --depth and --max-request.
+    #[arg(long, value_name = "N")]
+    recover: Option<i32>,
+    /// Delete the device when this process dies, as if stopped, instead of keeping it for
+    /// `--recover`. (On the embedded engine it always is: a completed write may still be in
+    /// this process's write buffer.)
+    #[arg(long)]
+    no_recovery: bool,
     #[command(flatten)]
     pool: PoolArgs,
 }
@@ -176,8 +187,50 @@ pub struct NbdArgs {
     /// Print the TCP address actually bound (useful with port 0) on stdout once listening.
     #[arg(long)]
     print_address: bool,
+    /// TLS (NBD_OPT_STARTTLS): "require" refuses every option but STARTTLS and ABORT until the
+    /// client upgrades (qemu-nbd --tls-creds, nbdkit --tls=require); "on" offers TLS and serves
+    /// plain-text clients too; "off" refuses STARTTLS. Default: require when --tls-cert is
+    /// given, off otherwise
+    #[arg(long, value_enum, value_name = "MODE")]
+    tls: Option<TlsMode>,
+    /// The server's certificate chain, PEM (server certificate first); its names (SAN) must
+    /// match the host clients connect to. Needs --tls-key
+    #[arg(long, value_name = "PEM_FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM (PKCS#8, PKCS#1 RSA or SEC1 EC)
+    #[arg(long, value_name = "PEM_FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by one of the CA certificates in this PEM file
+    /// (clients without one fail the TLS handshake). Needs --tls-cert
+    #[arg(long, value_name = "PEM_FILE", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
     #[command(flatten)]
     pool: PoolArgs,
+}
+
+/// `--tls`: whether clients may, must or cannot use TLS.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    /// STARTTLS is refused (NBD_REP_ERR_POLICY).
+    Off,
+    /// TLS is offered; clients that do not ask for it are served in plain text.
+    On,
+    /// Clients must STARTTLS before any other option (NBD_REP_ERR_TLS_REQD otherwise).
+    Require,
+}
+
+impl NbdArgs {
+    /// The TLS setup the flags ask for, certificate and key loaded and checked now (a bad
+    /// file is an error at start, not at the first client).
+    fn tls(&self) -> anyhow::Result<Option<NbdTls>> {
+        let mode = self.tls.unwrap_or(if self.tls_cert.is_some() { TlsMode::Require } else { TlsMode::Off });
+        match (mode, &self.tls_cert, &self.tls_key) {
+            (TlsMode::Off, None, _) => Ok(None),
+            (TlsMode::Off, Some(_), _) => bail!("--tls off contradicts --tls-cert: drop one of them"),
+            (_, Some(cert), Some(key)) => Ok(Some(NbdTls::from_pem_files(cert, key, self.tls_ca.as_deref(), mode == TlsMode::Require)?)),
+            (_, _, _) => bail!("--tls {} needs a certificate and its key: --tls-cert FILE --tls-key FILE", if mode == TlsMode::On { "on" } else { "require" }),
+        }
+    }
 }
 
 fn progress_bar(what: &str) -> ProgressBar {
@@ -295,11 +348,31 @@ fn run_ublk(args: UblkArgs) -> anyhow::Result<()> {
         bail!("/dev/ublk-control does not exist: this kernel has no ublk driver (modprobe ublk_drv; Linux 6.0+), use `kura block nbd` or `kura block fuse`");
     }
     let signals = TerminationSignals::block().context("blocking SIGTERM/SIGINT")?;
-    let handle = args.pool.open()?;
+    let pool_config = args.pool.config()?;
+    // A server keeps what a request completed when this process dies; the embedded engine's
+    // write buffer dies with it.
+    let embedded = pool_config.nodes.iter().any(|n| n.backend == kura_pool::Backend::Embedded);
+    let handle = open_pool(pool_config)?;
     let volume = open_volumes(&handle, std::slice::from_ref(&args.volume))?.pop().expect("one volume");
-    let mut config = UblkConfig { depth: args.depth, io_buf_bytes: u32::try_from(args.max_request.0).context("--max-request is too large")?, id: args.id.unwrap_or(-1), ..UblkConfig::default() };
+    let mut config = UblkConfig {
+        depth: args.depth,
+        io_buf_bytes: u32::try_from(args.max_request.0).context("--max-request is too large")?,
+        id: args.recover.or(args.id).unwrap_or(-1),
+        recoverable: !embedded && !args.no_recovery,
+        recover: args.recover.is_some(),
+        ..UblkConfig::default()
+    };
     if let Some(queues) = args.queues {
         config.queues = queues;
+    }
+    if let Some(id) = args.recover {
+        if embedded {
+            bail!("--recover: the embedded engine's devices are not kept when their process dies (a completed write may have been in its write buffer); use a pool of servers");
+        }
+        let device_bytes = kura_block::ublk::device_size_bytes(id).with_context(|| format!("--recover {id}: no such ublk device"))?;
+        if device_bytes != volume.meta.size_bytes {
+            bail!("--recover {id}: the device's size is {device_bytes} bytes, volume {} is {} bytes: give the --volume it served", volume.meta.name, volume.meta.size_bytes);
+        }
     }
     let device = UblkDevice::add(config)?;
     let stopper = device.stopper();
@@ -330,6 +403,7 @@ fn run_nbd(args: NbdArgs) -> anyhow::Result<()> {
         bail!("nothing to listen on: give --listen HOST:PORT or --unix PATH");
     }
     let max_block_bytes = u32::try_from(args.max_request.0).context("--max-request is too large")?;
+    let tls = args.tls().context("setting up TLS")?;
     let handle = args.pool.open()?;
     {
         let mut ctx = handle.pool.context()?;
@@ -347,6 +421,7 @@ fn run_nbd(args: NbdArgs) -> anyhow::Result<()> {
         max_block_bytes,
         busy_poll_us: args.busy_poll_us,
         memory_max_bytes: args.memory_max.0,
+        tls,
         ..NbdConfig::default()
     };
     let server = NbdServer::start(handle.pool.clone(), config).context("starting the NBD server")?;

@@ -5,8 +5,8 @@
 //! Supported: fixed newstyle handshake (`NO_ZEROES`), options `EXPORT_NAME`, `ABORT`, `LIST`,
 //! `INFO`, `GO` (with `NBD_INFO_EXPORT`, `NAME`, `DESCRIPTION`, `BLOCK_SIZE`),
 //! `STRUCTURED_REPLY`, `LIST_META_CONTEXT` and `SET_META_CONTEXT` (one context,
-//! `base:allocation`); everything else is answered `NBD_REP_ERR_UNSUP` (`STARTTLS`: this
-//! server has no TLS, `NBD_REP_ERR_POLICY`). Transmission: commands `READ WRITE DISC FLUSH
+//! `base:allocation`), and `STARTTLS` (the server decides whether TLS is offered or
+//! required: see `server` and `tls`); everything else is answered `NBD_REP_ERR_UNSUP`. Transmission: commands `READ WRITE DISC FLUSH
 //! TRIM WRITE_ZEROES BLOCK_STATUS`, flags `FUA`, `NO_HOLE`, `FAST_ZERO`, `DF` and `REQ_ONE`. Simple
 //! replies, or, once structured replies are negotiated, structured ones for reads (one
 //! `OFFSET_DATA` chunk, or one `OFFSET_HOLE` chunk when the range holds no stored block: so
@@ -61,6 +61,9 @@ const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
+/// The option needs TLS first (a server that requires TLS answers every option but
+/// `STARTTLS` and `ABORT` with it until the client upgrades).
+pub const REP_ERR_TLS_REQD: u32 = REP_ERR | 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;

@@ -6,6 +6,14 @@
 //! requests submitted together, and writes every finished reply with one `writev`. While pool
 //! requests are in flight it waits on the pool and the socket together (new requests start as
 //! soon as they arrive); when nothing is in flight it waits on the socket alone.
+//!
+//! With TLS ([`NbdConfig::tls`], see [`super::tls`]) a client's `NBD_OPT_STARTTLS` turns the
+//! connection's [`Stream`] into a TLS session for the rest of the handshake and for
+//! transmission; the loop stays the same, with two additions, because poll(2) on the socket
+//! sees only ciphertext: requests the session decrypted ahead are read without waiting for the
+//! socket (`read_pending`), and ciphertext the socket did not take keeps the wait on POLLOUT
+//! (`write_pending`) until it is flushed. A read over TLS goes on until the buffer is full or
+//! the socket is empty, so a short read means what it means on a plain socket.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -21,6 +29,7 @@ use std::time::{Duration, Instant};
 use kura_pool::{Context, Pool};
 
 use super::proto::{self, ClientOption, Command, ExportLimits, ProtoError};
+use super::tls::{NbdTls, TlsSession};
 use crate::error::BlockError;
 use crate::layout::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
 use crate::queue::{BlockLocks, BlockQueue, BlockState, Done, REPLIES_PER_GROUP, Volume};
@@ -96,6 +105,9 @@ pub struct NbdConfig {
     /// Memory for requests and replies over all connections (see [`MEMORY_BYTES_MAX_DEFAULT`]);
     /// at least `max_block_bytes`, so that any one request fits.
     pub memory_max_bytes: u64,
+    /// TLS offered to clients (`NBD_OPT_STARTTLS`), and whether they must use it; `None`:
+    /// STARTTLS is refused (`NBD_REP_ERR_POLICY`).
+    pub tls: Option<NbdTls>,
 }
 
 impl Default for NbdConfig {
@@ -110,6 +122,7 @@ impl Default for NbdConfig {
             max_block_bytes: MAX_BLOCK_BYTES_DEFAULT,
             busy_poll_us: 0,
             memory_max_bytes: MEMORY_BYTES_MAX_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -233,70 +246,147 @@ enum Listener {
     Unix(UnixListener),
 }
 
-/// A client connection.
-enum Stream {
+/// A client's socket.
+enum Socket {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
-impl Stream {
-    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.set_nonblocking(on),
-            Stream::Unix(s) => s.set_nonblocking(on),
+            Socket::Tcp(s) => s.read(buf),
+            Socket::Unix(s) => s.read(buf),
         }
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => s.write(buf),
+            Socket::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => s.write_vectored(bufs),
+            Socket::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A client connection: its socket, and once the client sent `NBD_OPT_STARTTLS`, the TLS
+/// session every later byte goes through. Without TLS, reads and writes go straight to the
+/// socket (one branch more, no copy, no syscall).
+struct Stream {
+    sock: Socket,
+    tls: Option<Box<TlsSession>>,
+    nonblocking: bool,
+}
+
+impl Stream {
+    fn new(sock: Socket) -> Self {
+        Self { sock, tls: None, nonblocking: false }
+    }
+
+    fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
+        match &self.sock {
+            Socket::Tcp(s) => s.set_nonblocking(on)?,
+            Socket::Unix(s) => s.set_nonblocking(on)?,
+        }
+        self.nonblocking = on;
+        Ok(())
     }
 
     fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(timeout).and_then(|()| s.set_write_timeout(timeout)),
-            Stream::Unix(s) => s.set_read_timeout(timeout).and_then(|()| s.set_write_timeout(timeout)),
+        match &self.sock {
+            Socket::Tcp(s) => s.set_read_timeout(timeout).and_then(|()| s.set_write_timeout(timeout)),
+            Socket::Unix(s) => s.set_read_timeout(timeout).and_then(|()| s.set_write_timeout(timeout)),
         }
     }
 
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+    /// Ends the connection: TLS's `close_notify` first (if the socket takes it at once), then
+    /// both directions of the socket.
+    fn shutdown(&mut self) {
+        if let Some(tls) = &mut self.tls {
+            tls.close(&mut self.sock);
+        }
+        let _ = match &self.sock {
+            Socket::Tcp(s) => s.shutdown(Shutdown::Both),
+            Socket::Unix(s) => s.shutdown(Shutdown::Both),
         };
+    }
+
+    fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Upgrades the (blocking) connection to TLS, after `NBD_REP_ACK` to `NBD_OPT_STARTTLS`
+    /// went out in plain text.
+    fn start_tls(&mut self, config: &Arc<rustls::ServerConfig>) -> io::Result<()> {
+        debug_assert!(self.tls.is_none() && !self.nonblocking);
+        let mut tls = Box::new(TlsSession::new(config)?);
+        tls.handshake(&mut self.sock)?;
+        self.tls = Some(tls);
+        Ok(())
+    }
+
+    /// Input that poll(2) on the socket cannot see: plaintext TLS decrypted ahead.
+    fn read_pending(&mut self) -> bool {
+        self.tls.as_mut().is_some_and(|tls| tls.read_pending())
+    }
+
+    /// Output waiting in the TLS session for the socket to drain.
+    fn write_pending(&self) -> bool {
+        self.tls.as_ref().is_some_and(|tls| tls.write_pending())
     }
 }
 
 impl AsRawFd for Stream {
     fn as_raw_fd(&self) -> RawFd {
-        match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
+        match &self.sock {
+            Socket::Tcp(s) => s.as_raw_fd(),
+            Socket::Unix(s) => s.as_raw_fd(),
         }
     }
 }
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+        match &mut self.tls {
+            None => self.sock.read(buf),
+            Some(tls) => tls.read(&mut self.sock, buf, !self.nonblocking),
         }
     }
 }
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+        match &mut self.tls {
+            None => self.sock.write(buf),
+            Some(tls) => tls.write_vectored(&mut self.sock, &[IoSlice::new(buf)]),
         }
     }
 
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write_vectored(bufs),
-            Stream::Unix(s) => s.write_vectored(bufs),
+        match &mut self.tls {
+            None => self.sock.write_vectored(bufs),
+            Some(tls) => tls.write_vectored(&mut self.sock, bufs),
         }
     }
 
+    /// Writes what the TLS session holds (`WouldBlock`: the socket is full).
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        match &mut self.tls {
+            None => Ok(()),
+            Some(tls) => tls.flush(&mut self.sock),
+        }
     }
 }
 
@@ -340,9 +430,9 @@ fn accept_loop(shared: &Arc<Shared>, listener: &Listener) {
         let accepted = match listener {
             Listener::Tcp(l) => l.accept().map(|(s, peer)| {
                 let _ = s.set_nodelay(true);
-                (Stream::Tcp(s), peer.to_string())
+                (Stream::new(Socket::Tcp(s)), peer.to_string())
             }),
-            Listener::Unix(l) => l.accept().map(|(s, _)| (Stream::Unix(s), "unix".to_owned())),
+            Listener::Unix(l) => l.accept().map(|(s, _)| (Stream::new(Socket::Unix(s)), "unix".to_owned())),
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,
@@ -498,6 +588,7 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
     // selected base:allocation for (it holds only for that export).
     let mut structured = false;
     let mut allocation_of: Option<String> = None;
+    let tls = shared.config.tls.as_ref();
     let mut out = Vec::new();
     let mut data = Vec::new();
     for _ in 0..OPTIONS_MAX {
@@ -518,6 +609,18 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
             proto::option_reply(&mut out, option, proto::REP_ERR_SHUTDOWN, b"server shutting down");
             stream.write_all(&out)?;
             continue;
+        }
+        if tls.is_some_and(|t| t.required) && !stream.is_tls() {
+            match option {
+                proto::OPT_STARTTLS | proto::OPT_ABORT => {}
+                // It cannot be answered with an error: the protocol says to end the session.
+                proto::OPT_EXPORT_NAME => return Err(ConnError::Refused("NBD_OPT_EXPORT_NAME without TLS, which this server requires".into())),
+                _ => {
+                    proto::option_reply(&mut out, option, proto::REP_ERR_TLS_REQD, b"this server requires TLS: send NBD_OPT_STARTTLS first");
+                    stream.write_all(&out)?;
+                    continue;
+                }
+            }
         }
         let parsed = match proto::parse_option(option, &data) {
             Ok(parsed) => parsed,
@@ -551,7 +654,22 @@ fn handshake(shared: &Shared, stream: &mut Stream, ctx: &mut Context) -> Result<
                 }
                 Err(e) => proto::option_reply(&mut out, option, proto::REP_ERR_UNSUP, e.to_string().as_bytes()),
             },
-            ClientOption::StartTls => proto::option_reply(&mut out, option, proto::REP_ERR_POLICY, b"this server has no TLS"),
+            ClientOption::StartTls => match tls {
+                None => proto::option_reply(&mut out, option, proto::REP_ERR_POLICY, b"this server does not offer TLS"),
+                Some(_) if stream.is_tls() => proto::option_reply(&mut out, option, proto::REP_ERR_INVALID, b"TLS is already active"),
+                Some(tls) => {
+                    proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
+                    stream.write_all(&out)?;
+                    // A failed TLS handshake ends the session: the acknowledgement went out,
+                    // there is no way back to plain text.
+                    stream.start_tls(&tls.config)?;
+                    // Nothing negotiated in plain text survives the upgrade (the protocol says
+                    // so: a man in the middle may have chosen it).
+                    structured = false;
+                    allocation_of = None;
+                    continue;
+                }
+            },
             ClientOption::StructuredReply => {
                 structured = true;
                 proto::option_reply(&mut out, option, proto::REP_ACK, &[]);
@@ -846,28 +964,37 @@ impl<'a> Transmission<'a> {
                 // Nor while the memory budget holds requests back: the socket would stay
                 // readable with requests it may not take, and the wait would spin.
                 let watch = (self.queue.requests() > 1 && !self.closing && !self.backpressured() && !self.over_budget).then(|| self.stream.as_raw_fd());
+                // Requests TLS decrypted ahead wait for no socket event: look at the pool
+                // without sleeping, and read them on the next turn.
+                let timeout = (watch.is_some() && self.stream.read_pending()).then_some(Duration::ZERO);
                 let queue = &mut self.queue;
                 let mut finished = Vec::new();
-                queue.poll_watching(None, watch, &mut |done| finished.push(done))?;
+                queue.poll_watching(timeout, watch, &mut |done| finished.push(done))?;
                 for done in finished {
                     self.reply(done);
                 }
                 self.write_replies_taking_requests()?;
                 continue;
             }
-            if self.closing && self.out.is_empty() {
+            let write_pending = !self.out.is_empty() || self.stream.write_pending();
+            if self.closing && !write_pending {
                 return Ok(());
             }
             let want_read = !self.closing && !self.backpressured();
             if self.out.is_empty() {
                 self.trim_idle();
             }
-            if want_read && self.out.is_empty() && self.busy_poll() {
+            // TLS may hold requests it decrypted ahead, which no poll on the socket announces.
+            if want_read && !self.over_budget && self.stream.read_pending() {
+                readable = true;
+                continue;
+            }
+            if want_read && !write_pending && self.busy_poll() {
                 readable = true;
                 continue;
             }
             let timeout_ms = if self.over_budget { OVER_BUDGET_RETRY_MS } else { STOP_CHECK_INTERVAL_MS };
-            let (r, _) = wait_fd(self.stream.as_raw_fd(), want_read && !self.over_budget, !self.out.is_empty(), timeout_ms)?;
+            let (r, _) = wait_fd(self.stream.as_raw_fd(), want_read && !self.over_budget, write_pending, timeout_ms)?;
             readable = r;
         }
     }
@@ -1135,7 +1262,27 @@ impl<'a> Transmission<'a> {
             drop(slices);
             self.advance(written);
         }
-        Ok(true)
+        self.flush_tls()
+    }
+
+    /// Writes the ciphertext a TLS session still holds for replies already taken from
+    /// [`Self::out`]. Returns false when the socket is full.
+    fn flush_tls(&mut self) -> Result<bool, ConnError> {
+        if !self.stream.write_pending() {
+            return Ok(true);
+        }
+        match self.stream.flush() {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(false),
+            Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
+                // The client is gone (the session no longer counts what it holds as pending).
+                self.closing = true;
+                self.out.clear();
+                self.out_bytes = 0;
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn advance(&mut self, mut written: usize) {

@@ -16,6 +16,12 @@
 #   nbd-embedded    kura block nbd + nbd-client (/dev/nbdN) on the embedded engine: ext4, xfs.
 #   ublk-kura       kura block ublk on a `kura serve` store: the file systems in
 #                   VM_BLOCK_SERVER_FS (default "xfs"); the server restarts too.
+#   ublk-recover    kura block ublk on a `kura serve` store, SIGKILLed while files on ext4
+#                   on the device are being written and fsynced: the device stays, the
+#                   writer waits (no I/O error), `kura block ublk --recover N` takes the
+#                   device over, the writer finishes; a SIGKILL mid-recovery is recovered
+#                   too; fsck clean, every file as written; a recovery of a device that is
+#                   live, or of the wrong volume, is refused.
 #   ublk-memcached  kura block ublk on a stock memcached, and
 #   ublk-redis      on a stock redis-server: fio verify on the raw device, then ext4 written,
 #                   kura restarted (the server keeps running: neither persists by itself),
@@ -386,6 +392,78 @@ check_ublk_kura() {
   server_pid=
 }
 
+# ublk_recover ID VOLUME POOL — kura block ublk --recover ID; the device must be the same.
+ublk_recover() {
+  start_bg ublk "$kura" block ublk --recover "$1" --volume "$2" --pool "$3"
+  ublk_pid=$bg_pid
+  local dev
+  dev=$(wait_line ublk "$ublk_pid") || exit 1
+  [ "$dev" = "/dev/ublkb$1" ] || fail "kura block ublk --recover $1 printed '$dev'"
+  say "kura block ublk --recover $1: $dev served again"
+}
+
+# kill_ublk — SIGKILL the ublk process; the device must stay (its requests wait).
+kill_ublk() {
+  local id=${ublk_dev#/dev/ublkb}
+  kill -KILL "$ublk_pid"
+  wait "$ublk_pid" 2>/dev/null
+  ublk_pid=
+  sleep 1
+  [ -b "$ublk_dev" ] && [ -e "/sys/block/ublkb$id" ] || fail "$ublk_dev went away with its server"
+  say "kura block ublk SIGKILLed; $ublk_dev stays"
+}
+
+check_ublk_recover() {
+  local pool id src=$scratch/recover-src mnt=$scratch/mnt-recover writer i files=60
+  server_start
+  pool="kura://127.0.0.1:$server_port"
+  volume_create rec "$volume_size" "$pool"
+  volume_create other 64M "$pool"
+  ublk_start rec "$pool"
+  id=${ublk_dev#/dev/ublkb}
+  # A live device is not taken over; nor is one with another volume's size.
+  "$kura" block ublk --recover "$id" --volume rec --pool "$pool" >/dev/null 2>"$scratch/refused.log" &&
+    fail "--recover of a live device succeeded"
+  grep -q "live" "$scratch/refused.log" || { cat "$scratch/refused.log" >&2; fail "--recover of a live device: no clear error"; }
+  # The files to write, on the scratch disk.
+  mkdir -p "$src" "$mnt"
+  for ((i = 0; i < files; i++)); do head -c $(((i % 7 + 1) * 96 * 1024)) /dev/urandom >"$src/f$i"; done
+  (cd "$src" && sha256sum f* >"$scratch/recover.sums")
+  mkfs.ext4 -q -F "$ublk_dev" || fail "mkfs.ext4"
+  mount "$ublk_dev" "$mnt" || fail "mount"
+  # The writer: each file copied and fsynced; any error ends it with a failure.
+  (
+    for ((i = 0; i < files; i++)); do
+      cp "$src/f$i" "$mnt/f$i" && sync "$mnt/f$i" || { echo "writer: f$i failed" >&2; exit 1; }
+    done
+  ) &
+  writer=$!
+  sleep 1
+  kill_ublk
+  kill -0 "$writer" 2>/dev/null || fail "the writer ended while the device had no server (too fast? raise files)"
+  sleep 2
+  ublk_recover "$id" rec "$pool"
+  # Once more, right away: killed during or just after its recovery.
+  sleep 0.5
+  kill_ublk
+  "$kura" block ublk --recover "$id" --volume other --pool "$pool" >/dev/null 2>"$scratch/refused.log" &&
+    fail "--recover with another volume succeeded"
+  grep -q "size" "$scratch/refused.log" || { cat "$scratch/refused.log" >&2; fail "--recover with another volume: no clear error"; }
+  ublk_recover "$id" rec "$pool"
+  for ((i = 0; i < fs_check_timeout_s * 10; i++)); do kill -0 "$writer" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$writer" 2>/dev/null && { diagnose "the writer is stuck after the recovery"; fail "writer stuck"; }
+  wait "$writer" || fail "the writer saw an I/O error across the kills and recoveries"
+  umount "$mnt" || fail "umount"
+  e2fsck -fn "$ublk_dev" >"$scratch/fsck.log" 2>&1 || { cat "$scratch/fsck.log" >&2; fail "e2fsck found errors"; }
+  mount -o ro "$ublk_dev" "$mnt" || fail "mount ro"
+  (cd "$mnt" && sha256sum -c --quiet "$scratch/recover.sums") || fail "files differ after the recoveries"
+  umount "$mnt"
+  say "ublk-recover: $files files written across two SIGKILLs and recoveries; fsck clean; all match"
+  ublk_stop
+  stop_pid "kura serve" "$server_pid"
+  server_pid=
+}
+
 # check_ublk_external memcached|redis — kura block ublk on a stock server.
 check_ublk_external() {
   local pool
@@ -444,7 +522,7 @@ check_nbd_embedded() {
 
 # ---- main ----------------------------------------------------------------------------------
 
-[ $# -gt 0 ] || { echo "usage: vm-block.sh ublk-raw|ublk-embedded|nbd-embedded|ublk-kura|ublk-memcached|ublk-redis..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: vm-block.sh ublk-raw|ublk-embedded|nbd-embedded|ublk-kura|ublk-recover|ublk-memcached|ublk-redis..." >&2; exit 2; }
 [ "$(id -u)" = 0 ] || fail "needs root (block devices, mounts)"
 setup_scratch
 case " $* " in *" ublk-"*) modprobe ublk_drv 2>/dev/null; [ -e /dev/ublk-control ] || fail "no /dev/ublk-control" ;; esac
@@ -453,7 +531,7 @@ say "kernel $(uname -r); kura $kura; FS_CHECK_MB=$FS_CHECK_MB; stores in $stores
 failed=0
 for check in "$@"; do
   case $check in
-    ublk-raw | ublk-embedded | nbd-embedded | ublk-kura | ublk-memcached | ublk-redis) ;;
+    ublk-raw | ublk-embedded | nbd-embedded | ublk-kura | ublk-recover | ublk-memcached | ublk-redis) ;;
     *) echo "vm-block: unknown check $check" >&2; exit 2 ;;
   esac
   say "=== $check"
