@@ -48,6 +48,7 @@ packages=(
   rsync               # copies trees into and out of the preload's mount
   libclang-dev        # bindgen for libublk-sys (the ublk frontend) at build time
   gcc                 # compiles the C test program of the preload (stdio, POSIX calls)
+  openssl             # makes the certificates of the NBD TLS tests
 )
 
 sudo_cmd=()
