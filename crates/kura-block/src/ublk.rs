@@ -88,6 +88,19 @@ pub fn device_size_bytes(id: i32) -> Result<u64> {
     Ok(params.basic.dev_sectors << SECTOR_SHIFT)
 }
 
+/// Deletes device `id`, left waiting by a `kura block ublk` that died and will not be
+/// recovered: the requests waiting in it fail (`EIO`) and `/dev/ublkbN` goes away. A live
+/// device is refused: its process stops and deletes it on SIGTERM.
+pub fn delete_waiting_device(id: i32) -> Result<()> {
+    let ctrl = UblkCtrl::new_simple(id).map_err(|e| ublk_error(&format!("opening device {id}"), e))?;
+    if ctrl.dev_info().state == sys::UBLK_S_DEV_LIVE as u16 {
+        return Err(BlockError::Invalid(format!("ublk device {id} is live: stop its kura block ublk (SIGTERM), which deletes it")));
+    }
+    ctrl.kill_dev().map_err(|e| ublk_error(&format!("stopping device {id}"), e))?;
+    delete_device(&ctrl);
+    Ok(())
+}
+
 /// Whether this machine's kernel can host ublk devices.
 pub fn available() -> bool {
     std::path::Path::new("/dev/ublk-control").exists()

@@ -158,7 +158,8 @@ fn vm_ublk_on_a_kura_server_xfs_survives_restarts() {
 /// `kura block ublk` on a `kura serve` store, SIGKILLed twice while ext4 on it is being
 /// written and fsynced: the device stays, the writer waits without an error, `kura block ublk
 /// --recover N` takes it over each time; fsck clean, every file as written; recoveries of a
-/// live device or with another volume refused.
+/// live device or with another volume refused; `kura block ublk-delete N` removes a device
+/// left waiting (its waiting read fails), not a live one.
 #[test]
 fn vm_ublk_survives_its_server_killed_and_recovered() {
     vm_check("ublk-recover");

@@ -92,6 +92,13 @@ pub enum BlockCommand {
     /// Expose one volume as /dev/ublkbN through the kernel's ublk driver (needs
     /// /dev/ublk-control, Linux 6.0+), one queue per thread, until SIGTERM/Ctrl-C.
     Ublk(UblkArgs),
+    /// Delete ublk device N (/dev/ublkbN) that a killed `kura block ublk` left waiting for
+    /// `--recover`, when it will not be recovered: the requests waiting in it fail with I/O
+    /// errors. A live device is refused (SIGTERM its process instead).
+    UblkDelete {
+        /// The device number.
+        id: i32,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -292,6 +299,14 @@ pub fn run_block(command: BlockCommand) -> anyhow::Result<()> {
         BlockCommand::Nbd(args) => run_nbd(args),
         BlockCommand::Fuse(args) => run_fuse(args),
         BlockCommand::Ublk(args) => run_ublk(args),
+        BlockCommand::UblkDelete { id } => {
+            if !kura_block::ublk::available() {
+                bail!("/dev/ublk-control does not exist: this kernel has no ublk driver");
+            }
+            kura_block::ublk::delete_waiting_device(id)?;
+            eprintln!("ublk device {id} deleted");
+            Ok(())
+        }
     }
 }
 

@@ -21,7 +21,8 @@
 #                   writer waits (no I/O error), `kura block ublk --recover N` takes the
 #                   device over, the writer finishes; a SIGKILL mid-recovery is recovered
 #                   too; fsck clean, every file as written; a recovery of a device that is
-#                   live, or of the wrong volume, is refused.
+#                   live, or of the wrong volume, is refused; `kura block ublk-delete N`
+#                   deletes a device left waiting (its waiting read fails), not a live one.
 #   ublk-memcached  kura block ublk on a stock memcached, and
 #   ublk-redis      on a stock redis-server: fio verify on the raw device, then ext4 written,
 #                   kura restarted (the server keeps running: neither persists by itself),
@@ -459,7 +460,23 @@ check_ublk_recover() {
   (cd "$mnt" && sha256sum -c --quiet "$scratch/recover.sums") || fail "files differ after the recoveries"
   umount "$mnt"
   say "ublk-recover: $files files written across two SIGKILLs and recoveries; fsck clean; all match"
+  "$kura" block ublk-delete "$id" 2>"$scratch/refused.log" && fail "ublk-delete of a live device succeeded"
+  grep -q "live" "$scratch/refused.log" || { cat "$scratch/refused.log" >&2; fail "ublk-delete of a live device: no clear error"; }
   ublk_stop
+  # A device left waiting that will not be recovered: ublk-delete fails its waiting read.
+  ublk_start rec "$pool"
+  id=${ublk_dev#/dev/ublkb}
+  kill_ublk
+  dd if="$ublk_dev" of=/dev/null iflag=direct bs=4k count=1 skip=777 2>/dev/null &
+  writer=$!
+  sleep 1
+  kill -0 "$writer" 2>/dev/null || fail "a read of the waiting device did not wait"
+  "$kura" block ublk-delete "$id" || fail "kura block ublk-delete $id"
+  for ((i = 0; i < 50; i++)); do [ ! -e "/sys/block/ublkb$id" ] && break; sleep 0.1; done
+  [ ! -e "/sys/block/ublkb$id" ] || fail "ublk-delete left /sys/block/ublkb$id"
+  wait "$writer" && fail "the read waiting in a deleted device succeeded"
+  say "ublk-delete: the waiting device deleted, its waiting read failed"
+  ublk_pid=
   stop_pid "kura serve" "$server_pid"
   server_pid=
 }
