@@ -148,6 +148,12 @@ impl UblkDevice {
         if !(BLOCK_SIZE_BYTES as u32..=IO_BUF_BYTES_MAX).contains(&config.io_buf_bytes) || !config.io_buf_bytes.is_multiple_of(BLOCK_SIZE_BYTES as u32) {
             return Err(BlockError::Invalid(format!("the I/O buffer must be a multiple of 4096 bytes up to {IO_BUF_BYTES_MAX}")));
         }
+        Self::open(config, UblkFlags::UBLK_DEV_F_ADD_DEV, "adding the device")
+    }
+
+    /// The device's control handle, as `config` describes it (user recovery if
+    /// [`UblkConfig::recoverable`]): added, or opened for recovery, per `dev_flags`.
+    fn open(config: UblkConfig, dev_flags: UblkFlags, what: &str) -> Result<Self> {
         let ctrl = libublk::ctrl::UblkCtrlBuilder::default()
             .name("kura")
             .id(config.id)
@@ -155,9 +161,9 @@ impl UblkDevice {
             .depth(config.depth)
             .io_buf_bytes(config.io_buf_bytes)
             .ctrl_flags(if config.recoverable { RECOVERY_FLAGS } else { 0 })
-            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .dev_flags(dev_flags)
             .build()
-            .map_err(|e| ublk_error("adding the device", e))?;
+            .map_err(|e| ublk_error(what, e))?;
         Ok(Self { ctrl, config })
     }
 
@@ -184,20 +190,8 @@ impl UblkDevice {
         config.depth = info.queue_depth;
         config.io_buf_bytes = info.max_io_buf_bytes;
         config.recoverable = true;
-        let ctrl = libublk::ctrl::UblkCtrlBuilder::default()
-            .name("kura")
-            .id(id)
-            .nr_queues(config.queues)
-            .depth(config.depth)
-            .io_buf_bytes(config.io_buf_bytes)
-            .ctrl_flags(RECOVERY_FLAGS)
-            .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
-            .build()
-            .map_err(|e| ublk_error(&format!("recovering device {id}"), e))?;
-        Ok(Self { ctrl, config })
+        Self::open(config, UblkFlags::UBLK_DEV_F_RECOVER_DEV, &format!("recovering device {id}"))
     }
-
-
 
     pub fn stopper(&self) -> UblkStopper {
         UblkStopper { dev_id: self.ctrl.dev_info().dev_id }

@@ -45,11 +45,6 @@ pub fn check(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Whether memcached's text protocol can carry `key` as it is (no spaces, no control bytes).
-pub fn is_text_safe(key: &[u8]) -> bool {
-    key.iter().all(|&b| b > b' ' && b != 0x7f)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,7 +53,7 @@ mod tests {
     fn block_keys_are_fixed_width_text_and_distinct() {
         let k = block_key(1, 0x1234);
         assert_eq!(&k, b"v0000000000000001.0000000000001234");
-        assert!(is_text_safe(&k));
+        assert!(kura_proto::is_text_key(&k));
         assert_ne!(block_key(1, 2), block_key(2, 1));
         assert_eq!(&block_key(u64::MAX, u64::MAX)[..], b"vffffffffffffffff.ffffffffffffffff");
     }
@@ -80,10 +75,10 @@ mod tests {
         assert!(matches!(check(b""), Err(Error::KeyEmpty)));
         assert!(check(&[b'a'; 250]).is_ok());
         assert!(matches!(check(&[b'a'; 251]), Err(Error::KeyTooLong { len: 251, max: 250 })));
-        assert!(!is_text_safe(b"a b"));
-        assert!(!is_text_safe(b"a\r\n"));
-        assert!(!is_text_safe(b"\x7f"));
-        assert!(is_text_safe("é".as_bytes()));
+        assert!(!kura_proto::is_text_key(b"a b"));
+        assert!(!kura_proto::is_text_key(b"a\r\n"));
+        assert!(!kura_proto::is_text_key(b"\x7f"));
+        assert!(kura_proto::is_text_key("é".as_bytes()));
         // 186 bytes encode to 248 base64 characters, 187 to 252.
         assert_eq!(BINARY_KEY_SIZE_BYTES_MAX, 186);
     }

@@ -154,7 +154,13 @@ pub(crate) fn says_noreply(line: &Line<'_>) -> bool {
 /// A key memcached would accept, less control characters (which memcached
 /// lets through; protocol.txt forbids them).
 pub(crate) fn key_is_valid(key: &[u8], key_length_max: usize) -> bool {
-    !key.is_empty() && key.len() <= key_length_max && !key.iter().any(|&b| is_control(b))
+    !key.is_empty() && key.len() <= key_length_max && is_text_key(key)
+}
+
+/// Whether memcached's text protocol can carry `key` as it is: no space, no control byte
+/// (a key that cannot goes base64-encoded with the meta commands' `b` flag).
+pub fn is_text_key(key: &[u8]) -> bool {
+    !key.iter().any(|&b| is_control(b))
 }
 
 /// Control characters and space: never part of a key or an opaque token.

@@ -51,7 +51,7 @@ mod request;
 
 pub use base64::{Base64Error, decode_base64_key, encode_base64};
 pub use error::{ErrorKind, ParseError, Recovery};
-pub use lex::{TokenIter, Tokens};
+pub use lex::{TokenIter, Tokens, is_text_key};
 pub use limits::{
     BINARY_REQUEST_MAGIC, DATA_LENGTH_MAX_BYTES, ITEM_SIZE_MAX_BYTES, KEY_LENGTH_MAX,
     KEYS_PER_GET_MAX, LINE_LENGTH_MAX, META_FLAGS_MAX, META_TOKENS_MAX, OPAQUE_TOKEN_LENGTH_MAX,

@@ -301,6 +301,14 @@ fn storage(ctx: &mut Ctx<'_>, s: &Storage<'_>) {
     }
 }
 
+/// `watch fetchers`: a lookup's line (`found`: the item, if it was).
+fn log_fetch(ctx: &Ctx<'_>, key: &[u8], found: Option<&Found>) {
+    let watchers = &ctx.sources.watchers;
+    if watchers.wants(WatchFlags::FETCHERS) {
+        watchers.item_get(key, found.map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
+    }
+}
+
 /// `watch mutations`: a store's line, as memcached's (`cmd` the storage mode; `ttl` the
 /// seconds the item has to live, 0 when it does not expire).
 fn log_store(ctx: &Ctx<'_>, req: &StoreRequest<'_>, stored: &Result<StoreOutcome, StoreError>) {
@@ -363,11 +371,8 @@ fn get_and_touch(ctx: &mut Ctx<'_>, key: &[u8], exptime_s: i64, cas: bool) {
     bump(&ctx.stats.cmd_touch);
     *ctx.wrote = true;
     let touched = ctx.store.touch(key, exptime_s);
-    let watchers = &ctx.sources.watchers;
-    if let Ok(found) = &touched
-        && watchers.wants(WatchFlags::FETCHERS)
-    {
-        watchers.item_get(key, found.as_ref().map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
+    if let Ok(found) = &touched {
+        log_fetch(ctx, key, found.as_ref());
     }
     match touched {
         Ok(Some(found)) => {
@@ -474,10 +479,7 @@ fn render_lookup(
         Some(_) => bump(&ctx.stats.get_hits),
         None => bump(&ctx.stats.get_misses),
     }
-    let watchers = &ctx.sources.watchers;
-    if watchers.wants(WatchFlags::FETCHERS) {
-        watchers.item_get(key, found.as_ref().map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
-    }
+    log_fetch(ctx, key, found.as_ref());
     match kind {
         LookupKind::Get { cas } => {
             found.map_or_else(Response::empty, |found| value_response(found, *cas))
@@ -640,7 +642,7 @@ fn stats(ctx: &mut Ctx<'_>, args: &kura_proto::Tokens<'_>) {
         Some(b"sizes") => vec![("sizes_status", StatValue::Text("disabled".to_owned()))],
         Some(b"items") => Vec::new(),
         Some(b"conns") => {
-            let now_s = ctx.sources.info.started.elapsed().as_secs();
+            let now_s = ctx.sources.info.uptime_s_at(std::time::Instant::now());
             let lines = ctx.sources.conns.registry.lines(ctx.conn_fd, now_s);
             ctx.out.push_with(|out| {
                 for (name, value) in &lines {

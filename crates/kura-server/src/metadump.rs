@@ -219,12 +219,12 @@ pub fn mg_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, classes: &Metad
         return;
     }
     out.extend_from_slice(b"mg ");
-    if key.iter().any(|&b| b <= b' ' || b == 0x7f) {
-        kura_proto::encode_base64(key, out);
-        out.extend_from_slice(b" b\r\n");
-    } else {
+    if kura_proto::is_text_key(key) {
         out.extend_from_slice(key);
         out.extend_from_slice(b"\r\n");
+    } else {
+        kura_proto::encode_base64(key, out);
+        out.extend_from_slice(b" b\r\n");
     }
 }
 

@@ -118,7 +118,7 @@ impl Server {
         for listener in &listeners {
             if let Ok(addr) = listener.local_addr() {
                 use std::os::fd::AsRawFd as _;
-                let entry = crate::stats::ConnEntry::new(crate::stats::conn_addr(&addr), None, 0);
+                let entry = crate::stats::ConnEntry::listener(addr);
                 conns.registry.insert(listener.as_raw_fd(), Arc::new(entry));
             }
         }

@@ -4,6 +4,7 @@
 //! by one thread); `stats` and `/metrics` add them up.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -69,11 +70,12 @@ pub struct ConnRegistry {
 /// One listener or connection in the [`ConnRegistry`].
 #[derive(Debug)]
 pub struct ConnEntry {
-    /// The peer's address (a listener's own), as memcached prints it: `tcp:<ip>:<port>`,
-    /// `tcp6:[<ip>]:<port>`.
-    pub addr: String,
-    /// The address it was accepted on; `None` for a listener.
-    pub listen_addr: Option<String>,
+    /// The peer's address (a listener's own); `None` if the socket could not tell.
+    pub addr: Option<SocketAddr>,
+    /// A listener (`conn_listening`, no `listen_addr`).
+    listener: bool,
+    /// The address a connection was accepted on.
+    listen_addr: Option<SocketAddr>,
     /// Seconds from the server's start to the last command read (to the accept, before
     /// one): `secs_since_last_cmd` is the time since.
     last_cmd_s: AtomicU64,
@@ -86,8 +88,18 @@ pub struct ConnEntry {
 }
 
 impl ConnEntry {
-    pub fn new(addr: String, listen_addr: Option<String>, now_s: u64) -> Self {
-        Self { addr, listen_addr, last_cmd_s: AtomicU64::new(now_s), writing: Default::default(), spoke: Default::default(), watching: Default::default() }
+    /// A listener on `addr`, there since the server started.
+    pub fn listener(addr: SocketAddr) -> Self {
+        Self::new(Some(addr), true, None, 0)
+    }
+
+    /// A connection from `peer`, accepted on `listen_addr` `now_s` seconds after the start.
+    pub fn connection(peer: Option<SocketAddr>, listen_addr: Option<SocketAddr>, now_s: u64) -> Self {
+        Self::new(peer, false, listen_addr, now_s)
+    }
+
+    fn new(addr: Option<SocketAddr>, listener: bool, listen_addr: Option<SocketAddr>, now_s: u64) -> Self {
+        Self { addr, listener, listen_addr, last_cmd_s: AtomicU64::new(now_s), writing: Default::default(), spoke: Default::default(), watching: Default::default() }
     }
 
     /// A command arrived `now_s` seconds after the server's start.
@@ -107,11 +119,12 @@ impl ConnEntry {
     }
 }
 
-/// memcached's form of an address in `stats conns`.
-pub fn conn_addr(addr: &std::net::SocketAddr) -> String {
+/// memcached's form of an address in `stats conns`: `tcp:<ip>:<port>`, `tcp6:[<ip>]:<port>`.
+fn conn_addr(addr: Option<SocketAddr>) -> String {
     match addr {
-        std::net::SocketAddr::V4(a) => format!("tcp:{a}"),
-        std::net::SocketAddr::V6(a) => format!("tcp6:{a}"),
+        Some(SocketAddr::V4(a)) => format!("tcp:{a}"),
+        Some(SocketAddr::V6(a)) => format!("tcp6:{a}"),
+        None => "tcp:?".to_owned(),
     }
 }
 
@@ -142,11 +155,11 @@ impl ConnRegistry {
         let entries = self.lock();
         let mut lines = Vec::with_capacity(entries.len() * 4);
         for (fd, entry) in entries.iter() {
-            lines.push((format!("{fd}:addr"), entry.addr.clone()));
-            let state = match &entry.listen_addr {
-                None => "conn_listening",
-                Some(listen_addr) => {
-                    lines.push((format!("{fd}:listen_addr"), listen_addr.clone()));
+            lines.push((format!("{fd}:addr"), conn_addr(entry.addr)));
+            let state = match entry.listener {
+                true => "conn_listening",
+                false => {
+                    lines.push((format!("{fd}:listen_addr"), conn_addr(entry.listen_addr)));
                     if *fd == asking_fd {
                         "conn_parse_cmd"
                     } else if entry.watching.load(Ordering::Relaxed) {
@@ -179,6 +192,14 @@ pub struct ServerInfo {
     /// Random per process start ([`new_instance_id`]): a client that sees it change knows
     /// the server restarted (and may have lost writes it acknowledged but had not synced).
     pub instance_id: u64,
+}
+
+impl ServerInfo {
+    /// Whole seconds from the server's start to `now` (`uptime`, and the clock of `stats
+    /// conns`).
+    pub fn uptime_s_at(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.started).as_secs()
+    }
 }
 
 /// A number unlikely to repeat across process starts, for `kura_instance_id`. std's
@@ -237,7 +258,7 @@ impl StatsSources {
         let cache = self.store.cache_stats();
         let store = &self.store.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let uptime_s = self.info.started.elapsed().as_secs();
+        let uptime_s = self.info.uptime_s_at(Instant::now());
         let (user, system) = rusage();
         let mut out = vec![
             ("pid", U64(u64::from(std::process::id()))),

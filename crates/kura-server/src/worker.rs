@@ -348,12 +348,17 @@ impl Worker {
         self.dumps > 0 && self.conns.iter().flatten().any(|c| c.dump.as_ref().is_some_and(|d| d.room_limited) && c.out.queued_bytes() < high)
     }
 
+    /// Wakes this worker's poll: handed to metadump threads and to the watchers' loggers.
+    fn wake_fn(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let waker = Arc::clone(&self.waker);
+        Arc::new(move || {
+            let _ = waker.wake();
+        })
+    }
+
     /// Makes connection `index` a watcher of `flags` (or answers that there are too many).
     fn start_watch(&mut self, index: usize, flags: kura_proto::WatchFlags) {
-        let waker = Arc::clone(&self.waker);
-        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-            let _ = waker.wake();
-        });
+        let wake = self.wake_fn();
         let Some(conn) = self.conns[index].as_mut() else { return };
         match self.shared.sources.watchers.add(flags, wake) {
             Some(watcher) => {
@@ -393,16 +398,13 @@ impl Worker {
 
     /// Starts the metadump a request on connection `index` asked for (or answers `BUSY`).
     fn start_dump(&mut self, index: usize, (classes, format): (kura_proto::MetadumpClasses, metadump::DumpFormat)) {
+        let wake = self.wake_fn();
         let Some(conn) = self.conns[index].as_mut() else { return };
         let running = &self.shared.conns.lru_crawler_running;
         if running.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
             conn.out.push_bytes(metadump::BUSY_REPLY);
             return;
         }
-        let waker = Arc::clone(&self.waker);
-        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-            let _ = waker.wake();
-        });
         match metadump::start(Arc::clone(&self.shared.store), classes, format, wake, Arc::clone(running)) {
             Ok(dump) => {
                 if self.draining_since.is_some() {
@@ -449,13 +451,10 @@ impl Worker {
             }
             let generation = self.next_gen;
             self.next_gen += 1;
-            let addr = |a: io::Result<std::net::SocketAddr>| a.map_or_else(|_| "tcp:?".to_owned(), |a| crate::stats::conn_addr(&a));
-            let entry = Arc::new(ConnEntry::new(addr(stream.peer_addr()), Some(addr(stream.local_addr())), self.uptime_s()));
+            let now_s = self.shared.sources.info.uptime_s_at(Instant::now());
+            let entry = Arc::new(ConnEntry::connection(stream.peer_addr().ok(), stream.local_addr().ok(), now_s));
             self.shared.conns.registry.insert(stream.as_raw_fd(), Arc::clone(&entry));
-            let watchers = &self.shared.sources.watchers;
-            if watchers.wants(kura_proto::WatchFlags::CONNEVENTS) {
-                watchers.conn_event(stream.peer_addr().ok(), stream.as_raw_fd(), None);
-            }
+            self.shared.sources.watchers.conn_event(entry.addr, stream.as_raw_fd(), None);
             self.conns[index] = Some(Conn {
                 stream,
                 entry,
@@ -496,11 +495,6 @@ impl Worker {
                 self.queue_dirty(index);
             }
         }
-    }
-
-    /// Whole seconds since the server started (`stats conns`' clock).
-    fn uptime_s(&self) -> u64 {
-        self.shared.sources.info.started.elapsed().as_secs()
     }
 
     fn queue_ready(&mut self, index: usize) {
@@ -668,7 +662,7 @@ impl Worker {
                 conn.end += n;
                 let now = Instant::now();
                 conn.last_active = now;
-                conn.entry.touch(now.saturating_duration_since(self.shared.sources.info.started).as_secs());
+                conn.entry.touch(self.shared.sources.info.uptime_s_at(now));
                 bump_by(&self.stats.bytes_read, n);
                 ReadResult::Data
             }
@@ -965,9 +959,7 @@ impl Worker {
             self.watches -= 1;
         }
         let fd = conn.stream.as_raw_fd();
-        if watchers.wants(kura_proto::WatchFlags::CONNEVENTS) {
-            watchers.conn_event(conn.stream.peer_addr().ok(), fd, Some(reason));
-        }
+        watchers.conn_event(conn.entry.addr, fd, Some(reason));
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.shared.conns.registry.remove(fd, &conn.entry);
         self.free.push(index);

@@ -26,7 +26,7 @@ pub const LINE_LENGTH_MAX: usize = 2048;
 
 /// Appends `key`, base64 with a trailing ` b` flag marker returned as `true` when needed.
 fn push_key(out: &mut Vec<u8>, k: &[u8]) -> bool {
-    if key::is_text_safe(k) {
+    if kura_proto::is_text_key(k) {
         out.extend_from_slice(k);
         false
     } else {
@@ -52,7 +52,7 @@ fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
 /// Why a key cannot go to a node with this dialect, if it cannot.
 pub fn key_problem(dialect: Dialect, k: &[u8]) -> Option<&'static str> {
     match dialect {
-        _ if key::is_text_safe(k) => None,
+        _ if kura_proto::is_text_key(k) => None,
         Dialect::Text => Some("memcached's text protocol cannot carry spaces or control bytes in keys (the server lacks meta commands)"),
         Dialect::Meta if k.len() > key::BINARY_KEY_SIZE_BYTES_MAX => Some("keys with spaces or control bytes go base64, which allows at most 186 bytes"),
         Dialect::Meta => None,
