@@ -73,6 +73,12 @@ pub trait Kv: Send + Sync {
     fn get_versioned_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
         keys.iter().map(|key| self.get_versioned(key)).collect()
     }
+    /// Several [`Kv::get_versioned`] read in the order given, as one after another would read
+    /// them (a path walk's records, see [`crate::memo`]): consecutive keys of one node go out
+    /// together, in one round trip, and a node's batch only after the previous node answered.
+    fn get_versioned_in_order(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
+        keys.iter().map(|key| self.get_versioned(key)).collect()
+    }
     /// Gets many metadata values at once, as [`Kv::get_versioned`] would return them (without
     /// the versions); one result per key, in order.
     fn get_meta_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
@@ -286,6 +292,21 @@ impl Kv for PoolKv {
             for (i, value) in at.into_iter().zip(values) {
                 out[i] = value;
             }
+        }
+        Ok(out)
+    }
+
+    fn get_versioned_in_order(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
+        if self.engine.is_some() {
+            return keys.iter().map(|key| self.get_versioned(key)).collect();
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        let mut at = 0;
+        while at < keys.len() {
+            let node = self.pool.node_of(&keys[at]);
+            let run: Vec<&[u8]> = keys[at..].iter().take_while(|key| std::ptr::eq(self.pool.node_of(key), node)).map(Vec::as_slice).collect();
+            at += run.len();
+            out.extend(self.with_meta_node(node, |c| c.get_many(&run))?);
         }
         Ok(out)
     }

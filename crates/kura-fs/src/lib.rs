@@ -16,7 +16,9 @@
 //! Consistency between processes is close-to-open (as NFS): a process's buffered writes
 //! reach the pool at the latest when it closes the file, calls `fsync`, forks, execs or exits;
 //! a process opening a file sees what was written back before. Metadata (names, links,
-//! attributes) is never cached: every change is a CAS on the pool's record. Files open in a
+//! attributes) is never cached: every change is a CAS on the pool's record, and every lookup
+//! reads the pool (names seen before only let a path walk read its records together, see
+//! [`memo`]). Files open in a
 //! process when it forks are *shared* by parent and child (one open file description, one
 //! offset): until their last close there, reads and writes of such a file go straight to the
 //! pool, one at a time across the processes of the host ([`Fs::shared_io`]), so each sees
@@ -28,6 +30,7 @@ pub mod error;
 pub mod fuse;
 pub mod kv;
 pub mod layout;
+pub mod memo;
 pub mod ns;
 mod openers;
 pub mod path;
@@ -170,6 +173,8 @@ pub struct Fs {
     /// Inode records as this process last read or wrote them, with their versions and when
     /// (at most `ns::RECENT_INODES_MAX`).
     pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64, std::time::Instant)>>,
+    /// Names this process has seen, which predict the records a path walk reads.
+    pub(crate) memo: memo::NameMemo,
     /// `config.shared_io_lock_path` opened (at its first use; `None` inside when it cannot be).
     pub(crate) shared_io_lock: std::sync::OnceLock<Option<std::os::fd::OwnedFd>>,
     /// The pool's room as `statfs` last looked it up, and when.
@@ -216,6 +221,7 @@ impl Fs {
             instance: instance_id(me),
             opener: Mutex::new(None),
             recent_inodes: Mutex::new(HashMap::new()),
+            memo: memo::NameMemo::default(),
             shared_io_lock: std::sync::OnceLock::new(),
             space_cache: Mutex::new(None),
         });

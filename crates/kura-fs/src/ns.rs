@@ -249,7 +249,9 @@ impl Fs {
             return Err(FsError::NameTooLong);
         }
         let (bucket, _) = self.load_bucket(dir, bucket_of(name))?;
-        Ok(bucket.find(name).cloned())
+        let entry = bucket.find(name).cloned();
+        self.memo.note(dir, name, entry.as_ref());
+        Ok(entry)
     }
 
     /// [`Fs::lookup`] for a caller who must be allowed to search `dir` (`EACCES`, as the
@@ -296,6 +298,7 @@ impl Fs {
                 out.extend(Bucket::decode(key, &bytes)?.entries);
             }
         }
+        self.memo.note_all(dir, &out);
         Ok(out)
     }
 

@@ -3,11 +3,16 @@
 
 use crate::Fs;
 use crate::error::{FsError, Result};
-use crate::layout::{DirEntry, ROOT_INO, is_dir};
+use crate::kv::Versioned;
+use crate::layout::{Bucket, DirEntry, Inode, ROOT_INO, bucket_of, is_dir};
+use crate::memo::{READ_AHEAD_KEYS_MAX, ReadAhead};
 use crate::ns::{Cred, MAY_EXEC};
 
 /// Symbolic links one resolution follows, at most (Linux's limit).
 pub const SYMLINK_FOLLOWS_MAX: u32 = 40;
+/// Times [`Fs::resolve_inode`] resolves a path again after the inode it named vanished
+/// (another process unlinked or replaced it) before it gives up with `EIO`.
+pub const RESOLVE_RETRIES_MAX: u32 = 1000;
 /// PATH_MAX: a path string must be shorter (the count includes its terminating NUL).
 pub const PATH_BYTES_MAX: usize = 4096;
 
@@ -128,12 +133,42 @@ impl Fs {
     /// Resolves `path` (relative: to directory `start`; absolute paths are the caller's to
     /// strip of the mount prefix first) with `mount` the prefix for absolute symlink targets.
     pub fn resolve(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
+        self.walk(start, path, follow, mount, false).map(|(resolved, _)| resolved)
+    }
+
+    /// [`Fs::resolve`] and the inode the path names (with `Found`, and only with it; as
+    /// [`Fs::getattr`] returns it). A path this process walked before costs one round trip in
+    /// all (see [`crate::memo`]). Another process may replace or remove the name between the
+    /// lookup and the read of its inode (a rename over it drops the old inode): the path is
+    /// then resolved again, so that a reader sees the old file or the new one, never `ENOENT`
+    /// for a name that always existed.
+    pub fn resolve_inode(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<(Resolved, Option<Inode>)> {
+        for _ in 0..RESOLVE_RETRIES_MAX {
+            match self.walk(start, path, follow, mount, true)? {
+                (resolved @ Resolved::Found { .. }, Some(None)) => tracing::trace!(?resolved, "inode gone after its lookup; resolving again"),
+                (resolved, inode) => return Ok((resolved, inode.flatten())),
+            }
+        }
+        Err(FsError::Io(format!("{}: the name keeps naming removed inodes", String::from_utf8_lossy(path))))
+    }
+
+    /// Resolves `path`, and with `want_inode` reads the inode it names: `Some(None)` when that
+    /// inode is gone.
+    fn walk(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_inode: bool) -> Result<(Resolved, Option<Option<Inode>>)> {
         check_path_len(path)?;
         let trailing_slash = path.ends_with(b"/");
         // Components still to walk, in reverse (a stack, so symlink targets splice in front).
         let mut todo: Vec<Vec<u8>> = path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev().collect();
+        let mut ahead = ReadAhead::default();
+        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || trailing_slash, want_inode };
         let mut dir = start;
-        let mut current = if start == ROOT_INO { root_entry() } else { self.entry_of_dir(start)? };
+        let mut current = if start == ROOT_INO {
+            root_entry()
+        } else {
+            let key = self.keys.inode(start);
+            let record = self.take_ahead(&mut ahead, &key, || self.predict(Some(start), start, &todo, plan))?;
+            dir_entry_of(&key, start, record)?
+        };
         let mut parent = dir;
         let mut name = Vec::new();
         let mut follows = 0;
@@ -146,8 +181,9 @@ impl Fs {
                 if dir == ROOT_INO {
                     let mut rest: Vec<Vec<u8>> = todo.into_iter().rev().collect();
                     rest.retain(|c| !c.is_empty());
-                    return Ok(Resolved::Outside(join_outside(mount_parent(mount), &rest)));
+                    return Ok((Resolved::Outside(join_outside(mount_parent(mount), &rest)), None));
                 }
+                ahead.clear();
                 let (inode, _) = self.load_inode(dir)?;
                 if let Some(cred) = follow.searcher {
                     cred.check_access(&inode, MAY_EXEC)?;
@@ -162,13 +198,10 @@ impl Fs {
                 return Err(FsError::NameTooLong);
             }
             let is_last = todo.is_empty();
-            let found = match follow.searcher {
-                Some(cred) => self.lookup_searching(dir, &component, cred)?,
-                None => self.lookup(dir, &component)?,
-            };
+            let found = self.lookup_ahead(&mut ahead, dir, &component, &todo, follow.searcher, plan)?;
             let Some(entry) = found else {
                 if is_last {
-                    return Ok(Resolved::Missing { parent: dir, name: component });
+                    return Ok((Resolved::Missing { parent: dir, name: component }, None));
                 }
                 return Err(FsError::NotFound);
             };
@@ -177,6 +210,7 @@ impl Fs {
                 if follows > SYMLINK_FOLLOWS_MAX {
                     return Err(FsError::Loop);
                 }
+                ahead.clear();
                 let target = self.readlink(entry.ino)?;
                 if target.first() == Some(&b'/') {
                     let rest: Vec<Vec<u8>> = todo.iter().rev().cloned().collect();
@@ -193,7 +227,7 @@ impl Fs {
                             if trailing_slash && !rest.is_empty() {
                                 out.push(b'/');
                             }
-                            return Ok(Resolved::Outside(out));
+                            return Ok((Resolved::Outside(out), None));
                         }
                     }
                 }
@@ -209,7 +243,108 @@ impl Fs {
         if trailing_slash && !is_dir_type(&current) {
             return Err(FsError::NotDir);
         }
-        Ok(Resolved::Found { parent, name, entry: current })
+        let inode = if want_inode {
+            let key = self.keys.inode(current.ino);
+            let record = match ahead.take(&key) {
+                Some(record) => record,
+                None => self.kv.get_versioned(&key)?,
+            };
+            match record {
+                Some((bytes, version)) => {
+                    let mut inode = Inode::decode(&key, &bytes)?;
+                    self.remember_inode(&inode, version);
+                    self.overlay_local(&mut inode);
+                    Some(Some(inode))
+                }
+                None => Some(None),
+            }
+        } else {
+            None
+        };
+        Ok((Resolved::Found { parent, name, entry: current }, inode))
+    }
+
+    /// The record of `key`: the next one read ahead, or else read now together with the
+    /// records `predict` names (which start with `key`).
+    fn take_ahead(&self, ahead: &mut ReadAhead, key: &[u8], predict: impl FnOnce() -> Vec<Vec<u8>>) -> Result<Versioned> {
+        if let Some(record) = ahead.take(key) {
+            return Ok(record);
+        }
+        let keys = predict();
+        debug_assert_eq!(keys.first().map(Vec::as_slice), Some(key));
+        let records = self.kv.get_versioned_in_order(&keys)?;
+        if records.len() != keys.len() {
+            return Err(FsError::Io("a batched get returned too few values".into()));
+        }
+        ahead.load(keys, records);
+        ahead.take(key).ok_or_else(|| FsError::Io("a read-ahead lost its first record".into()))
+    }
+
+    /// The records a walk will read from here if the names it is about to look up still lead
+    /// where they did: `lead`'s inode first (the start directory, checked to be one), then for
+    /// each component its directory's inode (with a search check) and the bucket holding the
+    /// name, and the inode of the last one. Stops at the first name this process has not
+    /// seen, at `..`, and at anything but a directory before the last component.
+    fn predict(&self, lead: Option<u64>, dir: u64, todo: &[Vec<u8>], plan: Plan) -> Vec<Vec<u8>> {
+        let mut keys = Vec::new();
+        if let Some(ino) = lead {
+            keys.push(self.keys.inode(ino));
+        }
+        let mut dir = dir;
+        let mut names = todo.iter().rev().peekable();
+        while let Some(name) = names.next() {
+            if name == b".." || name.len() > crate::layout::NAME_BYTES_MAX || keys.len() + 3 > READ_AHEAD_KEYS_MAX {
+                break;
+            }
+            if plan.searcher {
+                keys.push(self.keys.inode(dir));
+            }
+            keys.push(self.keys.bucket(dir, bucket_of(name)));
+            let Some((ino, dtype)) = self.memo.get(dir, name) else { break };
+            if names.peek().is_none() {
+                if plan.want_inode && !(dtype == libc::DT_LNK && plan.last_follows) {
+                    keys.push(self.keys.inode(ino));
+                }
+                break;
+            }
+            if dtype != libc::DT_DIR {
+                break;
+            }
+            dir = ino;
+        }
+        keys
+    }
+
+    /// Looks `name` up in `dir` (checking `searcher` may search it) through the records read
+    /// ahead, reading ahead again when the next one is not the one needed; `rest` is the walk's
+    /// stack of components after `name`.
+    fn lookup_ahead(&self, ahead: &mut ReadAhead, dir: u64, name: &[u8], rest: &[Vec<u8>], searcher: Option<&Cred>, plan: Plan) -> Result<Option<DirEntry>> {
+        let predict = || {
+            let mut todo = rest.to_vec();
+            todo.push(name.to_vec());
+            self.predict(None, dir, &todo, plan)
+        };
+        if let Some(cred) = searcher {
+            let key = self.keys.inode(dir);
+            let record = self.take_ahead(ahead, &key, predict)?;
+            let (bytes, _) = record.ok_or(FsError::NotFound)?;
+            cred.check_access(&Inode::decode(&key, &bytes)?, MAY_EXEC)?;
+        }
+        let key = self.keys.bucket(dir, bucket_of(name));
+        let record = self.take_ahead(ahead, &key, || {
+            let mut keys = predict();
+            if searcher.is_some() {
+                // Only when the directory's inode was taken but its bucket was not next.
+                keys.remove(0);
+            }
+            keys
+        })?;
+        let entry = match record {
+            Some((bytes, _)) => Bucket::decode(&key, &bytes)?.find(name).cloned(),
+            None => None,
+        };
+        self.memo.note(dir, name, entry.as_ref());
+        Ok(entry)
     }
 
     /// A directory's own entry (for walking from it), checked to be a live directory.
@@ -223,6 +358,27 @@ impl Fs {
         }
         Ok(DirEntry { name: Vec::new(), ino, dtype: libc::DT_DIR })
     }
+}
+
+/// What a walk reads besides the names' buckets.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Each directory's inode, for the search permission check.
+    searcher: bool,
+    /// A symbolic link as the last component is followed.
+    last_follows: bool,
+    /// The last component's inode.
+    want_inode: bool,
+}
+
+/// A start directory's entry from its inode record, checked to be a live directory.
+fn dir_entry_of(key: &[u8], ino: u64, record: Versioned) -> Result<DirEntry> {
+    let (bytes, _) = record.ok_or(FsError::NotFound)?;
+    let inode = Inode::decode(key, &bytes)?;
+    if !is_dir(inode.mode) {
+        return Err(FsError::NotDir);
+    }
+    Ok(DirEntry { name: Vec::new(), ino, dtype: libc::DT_DIR })
 }
 
 fn is_dir_type(e: &DirEntry) -> bool {

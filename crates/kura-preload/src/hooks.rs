@@ -262,21 +262,9 @@ pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_las
 /// is then resolved again, so that a reader sees the old file or the new one, never `ENOENT`
 /// for a name that always existed. The inode comes with `Found` and only with it.
 pub(crate) fn resolve_inode(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<(Resolved, Option<Inode>), i32> {
-    for _ in 0..RESOLVE_RETRIES_MAX {
-        let resolved = resolve(state, fs, start, rel, follow_last)?;
-        let Resolved::Found { entry, .. } = &resolved else { return Ok((resolved, None)) };
-        match fs.getattr(entry.ino) {
-            Ok(inode) => return Ok((resolved, Some(inode))),
-            Err(FsError::NotFound) => continue,
-            Err(e) => return Err(fs_errno(e)),
-        }
-    }
-    Err(libc::EIO)
+    let searcher = cred_unless_root();
+    fs.resolve_inode(start, rel, Follow { last: follow_last, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
 }
-
-/// Times [`resolve_inode`] resolves a path again after the inode it named vanished (another
-/// process unlinked or replaced it) before it gives up with `EIO`.
-const RESOLVE_RETRIES_MAX: u32 = 1000;
 
 /// The inode that `parent/name` (looked up as `entry`) names, for the permission checks of a
 /// removal or a rename. Another process may remove or replace the name between the lookup
@@ -469,7 +457,7 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
     // Another process may rename over or remove the name between its lookup and the open
     // (the open then finds the file without a name, `ESTALE`): resolve the path again, so that
     // the open sees the old file or the new one, never `ENOENT` for a name that always existed.
-    for _ in 0..RESOLVE_RETRIES_MAX {
+    for _ in 0..kura_fs::path::RESOLVE_RETRIES_MAX {
         match kura_open_once(state, fs, start, rel, abs, flags, mode) {
             Err(libc::ESTALE) => continue,
             result => return result,

@@ -1,0 +1,287 @@
+//! Path walks read the records of a path this process walked before in one round trip (see
+//! `kura_fs::memo`), and what they return never differs from a walk by a process that has
+//! seen nothing: another instance of the file system (another process, for the pool) renames,
+//! replaces and removes names under the walker, and every walk is compared with a fresh
+//! instance's. Over the embedded engine and over two real memcached nodes (keys of one walk
+//! on both), where the read-ahead really pipelines.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kura_fs::kv::Versioned;
+use kura_fs::ns::Cred;
+use kura_fs::path::{Follow, Resolved};
+use kura_fs::{Cond, Fs, FsConfig, FsError, Inode, Kv, Owner, PoolKv, PoolSpace, RenameFlags, ROOT_INO};
+use kura_pool::{Pool, PoolConfig};
+use kura_testkit::{require_cmd, spawn_listening, try_or_skip};
+use proptest::prelude::*;
+
+const MOUNT: &[u8] = b"/kura";
+const ROOT: Owner = Owner { uid: 0, gid: 0 };
+
+/// The pool's store, passed through, with the reads that cost a round trip counted: each call
+/// reading metadata records (one node's batch at most per call in these tests' walks).
+struct Counted {
+    inner: Arc<dyn Kv>,
+    read_calls: AtomicU64,
+}
+
+impl Counted {
+    fn reads(&self) -> u64 {
+        self.read_calls.load(Ordering::SeqCst)
+    }
+    fn count(&self) {
+        self.read_calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Kv for Counted {
+    fn get_versioned(&self, key: &[u8]) -> kura_fs::Result<Option<(Vec<u8>, u64)>> {
+        self.count();
+        self.inner.get_versioned(key)
+    }
+    fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> kura_fs::Result<Option<u64>> {
+        self.inner.put_cond(key, value, cond)
+    }
+    fn delete_cond(&self, key: &[u8], cond: Cond) -> kura_fs::Result<bool> {
+        self.inner.delete_cond(key, cond)
+    }
+    fn get_versioned_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Versioned>> {
+        self.count();
+        self.inner.get_versioned_many(keys)
+    }
+    fn get_versioned_in_order(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Versioned>> {
+        self.count();
+        self.inner.get_versioned_in_order(keys)
+    }
+    fn get_meta_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Option<Vec<u8>>>> {
+        self.count();
+        self.inner.get_meta_many(keys)
+    }
+    fn get_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Option<Vec<u8>>>> {
+        self.inner.get_many(keys)
+    }
+    fn exists_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<bool>> {
+        self.inner.exists_many(keys)
+    }
+    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> kura_fs::Result<bool> {
+        self.inner.get_into(key, out)
+    }
+    fn set_many(&self, items: &[(Vec<u8>, Vec<u8>)]) -> kura_fs::Result<()> {
+        self.inner.set_many(items)
+    }
+    fn delete_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<()> {
+        self.inner.delete_many(keys)
+    }
+    fn flush(&self) -> kura_fs::Result<()> {
+        self.inner.flush()
+    }
+    fn space(&self) -> kura_fs::Result<Option<PoolSpace>> {
+        self.inner.space()
+    }
+}
+
+fn config() -> FsConfig {
+    FsConfig { name: "ahead".into(), ..FsConfig::default() }
+}
+
+fn open(kv: Arc<dyn Kv>) -> Arc<Fs> {
+    Fs::open(kv, config(), ROOT).unwrap()
+}
+
+fn memcached_nodes(count: usize) -> Option<(Vec<kura_testkit::ChildGuard>, Arc<dyn Kv>)> {
+    let bin = require_cmd("memcached").ok()?;
+    let mut children = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..count {
+        let (child, port) = spawn_listening("memcached", Duration::from_secs(20), |port| {
+            let mut cmd = Command::new(&bin);
+            cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            cmd
+        })
+        .expect("start memcached");
+        children.push(child);
+        urls.push(format!("memcached://127.0.0.1:{port}"));
+    }
+    let pool = Pool::open(PoolConfig::from_urls(&urls).unwrap()).unwrap();
+    Some((children, Arc::new(PoolKv::new(pool).unwrap())))
+}
+
+fn embedded(dir: &std::path::Path) -> Arc<dyn Kv> {
+    let mut config = PoolConfig::embedded(&dir.join("fs.kura"), 256 << 20);
+    config.engine.block_size_bytes = 1 << 20;
+    config.engine.direct_io = false;
+    config.value_size_max_bytes = 64 << 10;
+    Arc::new(PoolKv::new(Pool::open(config).unwrap()).unwrap())
+}
+
+fn follow(last: bool, searcher: Option<&Cred>) -> Follow<'_> {
+    Follow { last, searcher }
+}
+
+/// `mkdir -p` of `path`'s directories and a file at its end; the file's inode.
+fn make_path(fs: &Fs, path: &str) -> Inode {
+    let mut dir = ROOT_INO;
+    let parts: Vec<&str> = path.split('/').collect();
+    for part in &parts[..parts.len() - 1] {
+        dir = match fs.lookup(dir, part.as_bytes()).unwrap() {
+            Some(entry) => entry.ino,
+            None => fs.mkdir(dir, part.as_bytes(), 0o755, ROOT).unwrap().ino,
+        };
+    }
+    fs.create(dir, parts[parts.len() - 1].as_bytes(), libc::S_IFREG | 0o644, 0, b"", ROOT, true).unwrap().0
+}
+
+#[test]
+fn a_path_walked_before_costs_one_round_trip() {
+    let (_memcached, kv) = try_or_skip!(memcached_nodes(1).ok_or("no memcached"));
+    let writer = open(kv.clone());
+    let file = make_path(&writer, "a/b/c/d/f");
+    let counted = Arc::new(Counted { inner: kv.clone(), read_calls: AtomicU64::new(0) });
+    let walker = open(counted.clone());
+    let user = Cred { uid: 1000, gid: 1000, groups: Vec::new() };
+
+    let walk = |start: u64, path: &str, searcher: Option<&Cred>| {
+        let before = counted.reads();
+        let (resolved, inode) = walker.resolve_inode(start, path.as_bytes(), follow(true, searcher), MOUNT).unwrap();
+        (resolved, inode.map(|i| i.ino), counted.reads() - before)
+    };
+    let (first, ino, cold) = walk(ROOT_INO, "a/b/c/d/f", None);
+    assert_eq!(ino, Some(file.ino));
+    assert_eq!(cold, 6, "a first walk reads one record per component, then the inode");
+    let (again, ino, warm) = walk(ROOT_INO, "a/b/c/d/f", None);
+    assert_eq!((again, ino), (first.clone(), Some(file.ino)));
+    assert_eq!(warm, 1, "the same walk again: every record in one round trip");
+    let (_, ino, warm) = walk(ROOT_INO, "a/b/c/d/f", Some(&user));
+    assert_eq!((ino, warm), (Some(file.ino), 1), "with search permission checks too");
+    let c = walker.resolve(ROOT_INO, b"a/b/c", follow(true, None), MOUNT).unwrap().ino().unwrap();
+    let (_, ino, warm) = walk(c, "d/f", None);
+    assert_eq!((ino, warm), (Some(file.ino), 1), "relative to a directory, its own check included");
+    // Names listed by readdir are known too.
+    let d = walker.resolve(ROOT_INO, b"a/b/c/d", follow(true, None), MOUNT).unwrap().ino().unwrap();
+    make_path(&writer, "a/b/c/d/g");
+    walker.readdir(d).unwrap();
+    let (_, ino, warm) = walk(d, "g", None);
+    assert!(ino.is_some());
+    assert_eq!(warm, 1, "a name just listed");
+
+    // Another process moves the directory away and puts another in its place: the walker's
+    // predictions are wrong now, and its walk sees the new tree, as a fresh process does.
+    writer.rename(ROOT_INO, b"a", ROOT_INO, b"old", RenameFlags::default()).unwrap();
+    let new_file = make_path(&writer, "a/b/c/d/f");
+    let (moved, ino, _) = walk(ROOT_INO, "a/b/c/d/f", None);
+    assert_eq!(ino, Some(new_file.ino));
+    assert_ne!(moved, first);
+    let fresh = open(kv.clone());
+    assert_eq!(fresh.resolve_inode(ROOT_INO, b"a/b/c/d/f", follow(true, None), MOUNT).unwrap().1.map(|i| i.ino), Some(new_file.ino));
+    let (_, _, warm) = walk(ROOT_INO, "a/b/c/d/f", None);
+    assert_eq!(warm, 1, "the new tree's names are learnt");
+    let new_d = writer.resolve(ROOT_INO, b"a/b/c/d", follow(true, None), MOUNT).unwrap().ino().unwrap();
+    writer.unlink(new_d, b"f").unwrap();
+    assert!(matches!(walk(ROOT_INO, "a/b/c/d/f", None).0, Resolved::Missing { .. }));
+}
+
+/// Namespace changes by another instance, and walks to compare.
+#[derive(Debug, Clone)]
+enum Op {
+    Mkdir(String),
+    Create(String),
+    Symlink(String, &'static str),
+    Unlink(String),
+    Rmdir(String),
+    Rename(String, String),
+    Walk { path: String, last: bool, user: bool },
+}
+
+fn path_strategy() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(vec!["a", "b", "c"]), 1..4).prop_map(|parts| parts.join("/"))
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let targets = vec!["a", "a/b", "..", "../c", "/kura/b", "/etc", "b/../c", "nope"];
+    prop_oneof![
+        2 => path_strategy().prop_map(Op::Mkdir),
+        1 => path_strategy().prop_map(Op::Create),
+        1 => (path_strategy(), prop::sample::select(targets)).prop_map(|(p, t)| Op::Symlink(p, t)),
+        1 => path_strategy().prop_map(Op::Unlink),
+        1 => path_strategy().prop_map(Op::Rmdir),
+        2 => (path_strategy(), path_strategy()).prop_map(|(a, b)| Op::Rename(a, b)),
+        6 => (path_strategy().prop_flat_map(|p| prop_oneof![Just(p.clone()), Just(format!("{p}/")), Just(format!("{p}/../a"))]), any::<bool>(), any::<bool>())
+            .prop_map(|(path, last, user)| Op::Walk { path, last, user }),
+    ]
+}
+
+/// The parent directory and last name of `path` as `fs` resolves it now (`None`: no parent).
+fn parent_of(fs: &Fs, path: &str) -> Option<(u64, Vec<u8>)> {
+    let (dir, name) = match path.rsplit_once('/') {
+        Some((dir, name)) => (fs.resolve(ROOT_INO, dir.as_bytes(), follow(true, None), MOUNT).ok()?.ino()?, name),
+        None => (ROOT_INO, path),
+    };
+    Some((dir, name.as_bytes().to_vec()))
+}
+
+fn apply(fs: &Fs, op: &Op) {
+    let _ = match op {
+        Op::Mkdir(p) => parent_of(fs, p).map(|(d, n)| fs.mkdir(d, &n, 0o755, ROOT).map(|_| ())),
+        Op::Create(p) => parent_of(fs, p).map(|(d, n)| fs.create(d, &n, libc::S_IFREG | 0o600, 0, b"", ROOT, true).map(|_| ())),
+        Op::Symlink(p, t) => parent_of(fs, p).map(|(d, n)| fs.symlink(d, &n, t.as_bytes(), ROOT).map(|_| ())),
+        Op::Unlink(p) => parent_of(fs, p).map(|(d, n)| fs.unlink(d, &n)),
+        Op::Rmdir(p) => parent_of(fs, p).map(|(d, n)| fs.rmdir(d, &n)),
+        Op::Rename(a, b) => match (parent_of(fs, a), parent_of(fs, b)) {
+            (Some((sd, sn)), Some((dd, dn))) => Some(fs.rename(sd, &sn, dd, &dn, RenameFlags::default())),
+            _ => None,
+        },
+        Op::Walk { .. } => None,
+    };
+}
+
+/// What a walk returns, comparable across instances (errors by errno; inodes whole).
+fn outcome(fs: &Fs, path: &str, last: bool, user: bool) -> Result<(Resolved, Option<Inode>), i32> {
+    let cred = Cred { uid: 1000, gid: 1000, groups: Vec::new() };
+    fs.resolve_inode(ROOT_INO, path.as_bytes(), follow(last, user.then_some(&cred)), MOUNT).map_err(|e: FsError| e.errno())
+}
+
+fn check_walks_match_fresh_instances(kv: Arc<dyn Kv>, name: &str, ops: &[Op]) -> Result<(), TestCaseError> {
+    let config = FsConfig { name: name.into(), ..FsConfig::default() };
+    let writer = Fs::open(kv.clone(), config.clone(), ROOT).unwrap();
+    let walker = Fs::open(kv.clone(), config.clone(), ROOT).unwrap();
+    for op in ops {
+        apply(&writer, op);
+        if let Op::Walk { path, last, user } = op {
+            // The walker walks the path twice (the second time from what the first taught it)
+            // and an instance that has seen nothing walks it once: all three agree.
+            let first = outcome(&walker, path, *last, *user);
+            let second = outcome(&walker, path, *last, *user);
+            let fresh = Fs::open(kv.clone(), config.clone(), ROOT).unwrap();
+            let expected = outcome(&fresh, path, *last, *user);
+            prop_assert_eq!(&first, &expected, "first walk of {}", path);
+            prop_assert_eq!(&second, &expected, "second walk of {}", path);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn walks_with_predictions_return_what_fresh_walks_return(ops in prop::collection::vec(op_strategy(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        check_walks_match_fresh_instances(embedded(dir.path()), "model", &ops)?;
+    }
+}
+
+#[test]
+fn walks_over_two_memcached_nodes_return_what_fresh_walks_return() {
+    let (_memcached, kv) = try_or_skip!(memcached_nodes(2).ok_or("no memcached"));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
+    let case = AtomicU64::new(0);
+    runner
+        .run(&prop::collection::vec(op_strategy(), 1..40), |ops| {
+            // A file system of its own per case, in the same two nodes.
+            let name = format!("case{}", case.fetch_add(1, Ordering::SeqCst));
+            check_walks_match_fresh_instances(kv.clone(), &name, &ops)
+        })
+        .unwrap();
+}
