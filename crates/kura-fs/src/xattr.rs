@@ -89,27 +89,14 @@ fn check(cred: Option<&Cred>, inode: &Inode, ns: Namespace, write: bool) -> Resu
 impl Fs {
     /// The value of attribute `name` of `ino` (`ENODATA` when it has none).
     pub fn getxattr(&self, ino: u64, name: &[u8], cred: Option<&Cred>) -> Result<Vec<u8>> {
-        let ns = namespace(name)?;
-        let inode = self.getattr(ino)?;
-        check(cred, &inode, ns, false)?;
-        if ns == Namespace::System {
-            return Err(FsError::NoAttr);
-        }
-        inode.xattrs.into_iter().find(|(n, _)| n == name).map(|(_, v)| v).ok_or(FsError::NoAttr)
+        namespace(name)?;
+        getxattr_of(&self.getattr(ino)?, name, cred)
     }
 
     /// The names of `ino`'s attributes that `cred` may see, each followed by a NUL (the list
     /// `listxattr(2)` returns).
     pub fn listxattr(&self, ino: u64, cred: Option<&Cred>) -> Result<Vec<u8>> {
-        let inode = self.getattr(ino)?;
-        let mut out = Vec::new();
-        for (name, _) in &inode.xattrs {
-            if namespace(name).is_ok_and(|ns| check(cred, &inode, ns, false).is_ok()) {
-                out.extend_from_slice(name);
-                out.push(0);
-            }
-        }
-        Ok(out)
+        Ok(listxattr_of(&self.getattr(ino)?, cred))
     }
 
     /// Sets attribute `name` of `ino` to `value` (`flags`: create only, replace only). The
@@ -162,6 +149,28 @@ impl Fs {
         })?;
         Ok(())
     }
+}
+
+/// [`Fs::getxattr`] of an inode already read.
+pub fn getxattr_of(inode: &Inode, name: &[u8], cred: Option<&Cred>) -> Result<Vec<u8>> {
+    let ns = namespace(name)?;
+    check(cred, inode, ns, false)?;
+    if ns == Namespace::System {
+        return Err(FsError::NoAttr);
+    }
+    inode.xattrs.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).ok_or(FsError::NoAttr)
+}
+
+/// [`Fs::listxattr`] of an inode already read.
+pub fn listxattr_of(inode: &Inode, cred: Option<&Cred>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, _) in &inode.xattrs {
+        if namespace(name).is_ok_and(|ns| check(cred, inode, ns, false).is_ok()) {
+            out.extend_from_slice(name);
+            out.push(0);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

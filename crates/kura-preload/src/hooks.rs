@@ -2062,6 +2062,12 @@ impl Xattr {
     /// Does it for `ino`: `getxattr(2)`'s and `listxattr(2)`'s length (with size 0, the
     /// length needed; `ERANGE` when the buffer is too small), 0 for the others.
     fn on(self, fs: &Fs, ino: u64) -> Result<c_int, i32> {
+        self.on_read(fs, ino, None)
+    }
+
+    /// [`Xattr::on`], with the inode as just read by a path walk when there is one (reading
+    /// calls need nothing else).
+    fn on_read(self, fs: &Fs, ino: u64, inode: Option<&Inode>) -> Result<c_int, i32> {
         let cred = cred_unless_root();
         // SAFETY: the caller's NUL-terminated name (libc's contract; null is EFAULT).
         let name = |n: *const c_char| unsafe { bytes(n) }.ok_or(libc::EFAULT);
@@ -2077,8 +2083,20 @@ impl Xattr {
             Ok(data.len() as c_int)
         };
         match self {
-            Xattr::Get { name: n, value, size } => copy_out(fs.getxattr(ino, name(n)?, cred.as_ref()).map_err(fs_errno)?, value.cast(), size),
-            Xattr::List { list, size } => copy_out(fs.listxattr(ino, cred.as_ref()).map_err(fs_errno)?, list.cast(), size),
+            Xattr::Get { name: n, value, size } => {
+                let value_read = match inode {
+                    Some(inode) => kura_fs::xattr::getxattr_of(inode, name(n)?, cred.as_ref()),
+                    None => fs.getxattr(ino, name(n)?, cred.as_ref()),
+                };
+                copy_out(value_read.map_err(fs_errno)?, value.cast(), size)
+            }
+            Xattr::List { list, size } => {
+                let names = match inode {
+                    Some(inode) => Ok(kura_fs::xattr::listxattr_of(inode, cred.as_ref())),
+                    None => fs.listxattr(ino, cred.as_ref()),
+                };
+                copy_out(names.map_err(fs_errno)?, list.cast(), size)
+            }
             Xattr::Set { name: n, value, size, flags } => {
                 if size > kura_fs::layout::XATTR_VALUE_BYTES_MAX {
                     return Err(libc::E2BIG);
@@ -2104,10 +2122,16 @@ impl Xattr {
 /// `getxattr`, `setxattr`, ... of a path (`follow`: of what a final symlink leads to).
 fn xattr_path(path: *const c_char, follow: bool, call: Xattr, raw_call: impl Fn(c_int, *const c_char) -> c_int) -> isize {
     guard(-1, || {
-        path_op(libc::AT_FDCWD, path, &raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, follow)? {
-            Resolved::Found { entry, .. } => call.on(fs, entry.ino),
-            Resolved::Missing { .. } => Err(libc::ENOENT),
-            Resolved::Outside(abs) => outside(&abs, &raw_call),
+        let reads = matches!(call, Xattr::Get { .. } | Xattr::List { .. });
+        path_op(libc::AT_FDCWD, path, &raw_call, |state, fs, start, rel, _| {
+            // A reading call takes the inode from the walk (one round trip for a path walked
+            // before); a change reads it afresh for its compare-and-swap.
+            let (resolved, inode) = if reads { resolve_inode(state, fs, start, rel, follow)? } else { (resolve(state, fs, start, rel, follow)?, None) };
+            match resolved {
+                Resolved::Found { entry, .. } => call.on_read(fs, entry.ino, inode.as_ref()),
+                Resolved::Missing { .. } => Err(libc::ENOENT),
+                Resolved::Outside(abs) => outside(&abs, &raw_call),
+            }
         }) as isize
     })
 }
