@@ -102,7 +102,7 @@ pub struct FsBenchArgs {
     #[arg(long)]
     skip_fuse: bool,
     /// Also draw the results as PNG bar charts: this file (buffered and cached latencies)
-    /// and siblings `-direct.png`, `-osync.png` and `-iops.png`.
+    /// and siblings `-direct.png`, `-osync.png`, `-iops.png` and `-stat.png`.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Also write the JSON here.
@@ -146,17 +146,26 @@ struct Case {
     /// Run `--threads` fio threads instead of one.
     many_threads: bool,
     unit: Unit,
+    /// fio's `filestat` engine: `stat(2)` of [`STAT_FILES`] small files in the bench file's
+    /// directory, no I/O (metadata latency).
+    stat: bool,
 }
 
-const CASES: [Case; 8] = [
-    Case { field: "write_64b_buffered_lat_ns", label: "w64B buf", rw: "randwrite", bs_bytes: 64, direct: false, osync: false, warm: true, many_threads: false, unit: Unit::Ns },
-    Case { field: "write_4k_buffered_lat_ns", label: "w4K buf", rw: "randwrite", bs_bytes: 4096, direct: false, osync: false, warm: true, many_threads: false, unit: Unit::Ns },
-    Case { field: "write_4k_osync_lat_us", label: "w4K osync", rw: "randwrite", bs_bytes: 4096, direct: false, osync: true, warm: true, many_threads: false, unit: Unit::Us },
-    Case { field: "read_4k_direct_lat_us", label: "r4K direct", rw: "randread", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: false, unit: Unit::Us },
-    Case { field: "write_4k_direct_lat_us", label: "w4K direct", rw: "randwrite", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: false, unit: Unit::Us },
-    Case { field: "read_4k_cached_lat_ns", label: "r4K cached", rw: "randread", bs_bytes: 4096, direct: false, osync: false, warm: true, many_threads: false, unit: Unit::Ns },
-    Case { field: "randread_4k_iops", label: "randread", rw: "randread", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: true, unit: Unit::Iops },
-    Case { field: "randwrite_4k_iops", label: "randwrite", rw: "randwrite", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: true, unit: Unit::Iops },
+/// Files the `stat` case spreads its calls over (fio lays them out first).
+const STAT_FILES: u32 = 256;
+/// Size of each of them.
+const STAT_FILE_BYTES: u64 = 4096;
+
+const CASES: [Case; 9] = [
+    Case { field: "write_64b_buffered_lat_ns", label: "w64B buf", rw: "randwrite", bs_bytes: 64, direct: false, osync: false, warm: true, many_threads: false, unit: Unit::Ns, stat: false },
+    Case { field: "write_4k_buffered_lat_ns", label: "w4K buf", rw: "randwrite", bs_bytes: 4096, direct: false, osync: false, warm: true, many_threads: false, unit: Unit::Ns, stat: false },
+    Case { field: "write_4k_osync_lat_us", label: "w4K osync", rw: "randwrite", bs_bytes: 4096, direct: false, osync: true, warm: true, many_threads: false, unit: Unit::Us, stat: false },
+    Case { field: "read_4k_direct_lat_us", label: "r4K direct", rw: "randread", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: false, unit: Unit::Us, stat: false },
+    Case { field: "write_4k_direct_lat_us", label: "w4K direct", rw: "randwrite", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: false, unit: Unit::Us, stat: false },
+    Case { field: "read_4k_cached_lat_ns", label: "r4K cached", rw: "randread", bs_bytes: 4096, direct: false, osync: false, warm: true, many_threads: false, unit: Unit::Ns, stat: false },
+    Case { field: "randread_4k_iops", label: "randread", rw: "randread", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: true, unit: Unit::Iops, stat: false },
+    Case { field: "randwrite_4k_iops", label: "randwrite", rw: "randwrite", bs_bytes: 4096, direct: true, osync: false, warm: false, many_threads: true, unit: Unit::Iops, stat: false },
+    Case { field: "stat_lat_us", label: "stat", rw: "read", bs_bytes: STAT_FILE_BYTES, direct: false, osync: false, warm: false, many_threads: false, unit: Unit::Us, stat: true },
 ];
 
 /// The JSON keys of one case on one side (`prefix` is "", "ext4_" or "fuse_").
@@ -467,6 +476,9 @@ fn prepare_args(args: &FsBenchArgs, sides: &Sides, side: Side) -> Vec<String> {
 
 /// A warm-up job when the case wants one, then the measured job (its own reporting group).
 fn case_args(args: &FsBenchArgs, sides: &Sides, side: Side, case: &Case) -> Vec<String> {
+    if case.stat {
+        return stat_args(args, sides, side, case);
+    }
     let mut a = global_args(args, sides, side);
     if case.warm {
         a.extend(["--name=warm".into(), "--rw=read".into(), format!("--bs={BULK_BS_BYTES}")]);
@@ -485,6 +497,32 @@ fn case_args(args: &FsBenchArgs, sides: &Sides, side: Side, case: &Case) -> Vec<
         format!("--runtime={}ms", (args.runtime_s * 1000.0).round() as u64),
     ]);
     a
+}
+
+/// The `stat` case: fio's `filestat` engine over [`STAT_FILES`] files beside the bench file
+/// (named after the job; fio makes them before it measures).
+fn stat_args(args: &FsBenchArgs, sides: &Sides, side: Side, case: &Case) -> Vec<String> {
+    let file = match side {
+        Side::Kura => PathBuf::from(KURA_MOUNT).join(FILE_NAME),
+        Side::Ext4 => sides.ext4_file.clone(),
+        Side::Fuse => sides.fuse_file.clone().expect("FUSE side without a mount"),
+    };
+    let dir = file.parent().expect("the bench file is in a directory");
+    vec![
+        "--thread".into(),
+        "--ioengine=filestat".into(),
+        format!("--directory={}", dir.display()),
+        format!("--name={}", case.field),
+        format!("--nrfiles={STAT_FILES}"),
+        format!("--filesize={STAT_FILE_BYTES}"),
+        format!("--bs={STAT_FILE_BYTES}"),
+        "--rw=read".into(),
+        "--file_service_type=random".into(),
+        "--time_based".into(),
+        format!("--runtime={}ms", (args.runtime_s * 1000.0).round() as u64),
+        "--group_reporting".into(),
+        "--output-format=json".into(),
+    ]
 }
 
 /// The preload's page cache for the run (see `--cache-mb`).
@@ -603,6 +641,7 @@ fn draw(path: &Path, out: &Value) -> anyhow::Result<()> {
         (sibling("direct"), "mean latency, us", &["read_4k_direct_lat_us", "write_4k_direct_lat_us"][..]),
         (sibling("osync"), "mean latency, us", &["write_4k_osync_lat_us"][..]),
         (sibling("iops"), "operations per second", &["randread_4k_iops", "randwrite_4k_iops"][..]),
+        (sibling("stat"), "mean latency, us", &["stat_lat_us"][..]),
     ];
     for (file, y_label, fields) in charts {
         let mut bars = Vec::new();

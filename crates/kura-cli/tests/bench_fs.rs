@@ -9,7 +9,7 @@ use std::time::Instant;
 const RUN_SECONDS_MAX: u64 = 60;
 
 /// Figures every side reports (latencies as `_mean` and `_p99`).
-const LATENCY_FIELDS: [&str; 6] = ["write_64b_buffered_lat_ns", "write_4k_buffered_lat_ns", "write_4k_osync_lat_us", "read_4k_direct_lat_us", "write_4k_direct_lat_us", "read_4k_cached_lat_ns"];
+const LATENCY_FIELDS: [&str; 7] = ["write_64b_buffered_lat_ns", "write_4k_buffered_lat_ns", "write_4k_osync_lat_us", "read_4k_direct_lat_us", "write_4k_direct_lat_us", "read_4k_cached_lat_ns", "stat_lat_us"];
 const IOPS_FIELDS: [&str; 2] = ["randread_4k_iops", "randwrite_4k_iops"];
 
 fn have(program: &str) -> bool {
@@ -83,6 +83,7 @@ fn prints_json_with_every_field() {
     assert!(printed["ext4_anchor"].as_str().is_some_and(|s| s.contains("ext4")), "{printed:#}");
     assert!(printed["goals"].as_array().is_some_and(|g| g.len() == 6), "{printed:#}");
     assert!(printed["ratios"]["write_64b_buffered_lat_ns_mean_vs_ext4"].as_f64().is_some());
+    assert!(printed["ratios"]["stat_lat_us_mean_vs_ext4"].as_f64().is_some());
     // The run cleans up after itself.
     assert!(!dir.path().join("run/kura").exists() && !dir.path().join("run/fuse-data").exists());
 }

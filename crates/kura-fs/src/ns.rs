@@ -277,13 +277,14 @@ impl Fs {
     /// replace or remove the name between reading the entry and reading the inode (a rename
     /// over it drops the old inode): the name is then read again, so that a name that always
     /// existed is never `ENOENT`.
+    /// A name this process has seen is read with its inode in one round trip (see
+    /// [`crate::memo`]).
     pub fn lookup_inode(&self, dir: u64, name: &[u8]) -> Result<Option<(DirEntry, Inode)>> {
         for _ in 0..CAS_RETRIES_MAX {
-            let Some(entry) = self.lookup(dir, name)? else { return Ok(None) };
-            match self.getattr(entry.ino) {
-                Ok(inode) => return Ok(Some((entry, inode))),
-                Err(FsError::NotFound) => continue,
-                Err(e) => return Err(e),
+            let Some((entry, inode)) = self.lookup_read_ahead(dir, name)? else { return Ok(None) };
+            match inode {
+                Some(inode) => return Ok(Some((entry, inode))),
+                None => continue,
             }
         }
         Err(FsError::Io(format!("directory {dir}: the entry keeps naming removed inodes")))

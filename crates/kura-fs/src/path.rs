@@ -243,24 +243,7 @@ impl Fs {
         if trailing_slash && !is_dir_type(&current) {
             return Err(FsError::NotDir);
         }
-        let inode = if want_inode {
-            let key = self.keys.inode(current.ino);
-            let record = match ahead.take(&key) {
-                Some(record) => record,
-                None => self.kv.get_versioned(&key)?,
-            };
-            match record {
-                Some((bytes, version)) => {
-                    let mut inode = Inode::decode(&key, &bytes)?;
-                    self.remember_inode(&inode, version);
-                    self.overlay_local(&mut inode);
-                    Some(Some(inode))
-                }
-                None => Some(None),
-            }
-        } else {
-            None
-        };
+        let inode = if want_inode { Some(self.inode_ahead(&mut ahead, current.ino)?) } else { None };
         Ok((Resolved::Found { parent, name, entry: current }, inode))
     }
 
@@ -313,6 +296,34 @@ impl Fs {
             dir = ino;
         }
         keys
+    }
+
+    /// The entry `name` of `dir` and the inode it names (`None` inside: that inode is gone),
+    /// read together when this process has seen the name.
+    pub(crate) fn lookup_read_ahead(&self, dir: u64, name: &[u8]) -> Result<Option<(DirEntry, Option<Inode>)>> {
+        if name.len() > crate::layout::NAME_BYTES_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let mut ahead = ReadAhead::default();
+        let plan = Plan { searcher: false, last_follows: false, want_inode: true };
+        let Some(entry) = self.lookup_ahead(&mut ahead, dir, name, &[], None, plan)? else { return Ok(None) };
+        let inode = self.inode_ahead(&mut ahead, entry.ino)?;
+        Ok(Some((entry, inode)))
+    }
+
+    /// Inode `ino` as [`Fs::getattr`] returns it, the next record read ahead or read now
+    /// (`None`: it is gone).
+    fn inode_ahead(&self, ahead: &mut ReadAhead, ino: u64) -> Result<Option<Inode>> {
+        let key = self.keys.inode(ino);
+        let record = match ahead.take(&key) {
+            Some(record) => record,
+            None => self.kv.get_versioned(&key)?,
+        };
+        let Some((bytes, version)) = record else { return Ok(None) };
+        let mut inode = Inode::decode(&key, &bytes)?;
+        self.remember_inode(&inode, version);
+        self.overlay_local(&mut inode);
+        Ok(Some(inode))
     }
 
     /// Looks `name` up in `dir` (checking `searcher` may search it) through the records read

@@ -159,6 +159,11 @@ fn a_path_walked_before_costs_one_round_trip() {
     let c = walker.resolve(ROOT_INO, b"a/b/c", follow(true, None), MOUNT).unwrap().ino().unwrap();
     let (_, ino, warm) = walk(c, "d/f", None);
     assert_eq!((ino, warm), (Some(file.ino), 1), "relative to a directory, its own check included");
+    // A lookup with its inode (FUSE's lookup) of a name seen before.
+    let before = counted.reads();
+    let found = walker.lookup_inode(c, b"d").unwrap().map(|(entry, inode)| (entry.ino, inode.ino));
+    assert!(matches!(found, Some((a, b)) if a == b));
+    assert_eq!(counted.reads() - before, 1, "a known name and its inode in one round trip");
     // Names listed by readdir are known too.
     let d = walker.resolve(ROOT_INO, b"a/b/c/d", follow(true, None), MOUNT).unwrap().ino().unwrap();
     make_path(&writer, "a/b/c/d/g");
@@ -258,6 +263,11 @@ fn check_walks_match_fresh_instances(kv: Arc<dyn Kv>, name: &str, ops: &[Op]) ->
             let expected = outcome(&fresh, path, *last, *user);
             prop_assert_eq!(&first, &expected, "first walk of {}", path);
             prop_assert_eq!(&second, &expected, "second walk of {}", path);
+            // The last name looked up in its directory, with its inode, as FUSE looks it up.
+            if let Some((dir, name)) = parent_of(&fresh, path.trim_end_matches('/')) {
+                let walker_found = walker.lookup_inode(dir, &name).map_err(|e| e.errno());
+                prop_assert_eq!(walker_found, fresh.lookup_inode(dir, &name).map_err(|e| e.errno()), "lookup of {}", path);
+            }
         }
     }
     Ok(())
