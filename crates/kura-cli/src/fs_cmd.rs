@@ -116,6 +116,14 @@ pub struct MountArgs {
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf unless root).
     #[arg(long)]
     pub allow_other: bool,
+    /// How long the kernel may answer lookups and stat from its own cache before asking kura
+    /// again (FUSE's entry and attribute timeouts; NFS's attribute cache), milliseconds, up to
+    /// an hour. 0: every lookup and stat reads the pool, so changes made by other processes
+    /// (through the preload, another mount, another host) are seen at once. More makes
+    /// metadata-heavy programs (ls -l, find, builds) faster and lets them see others' changes
+    /// that much later; changes made through this mount are seen at once either way.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub cache_timeout_ms: u64,
 }
 
 pub fn run(command: FsCommand) -> anyhow::Result<()> {
@@ -430,6 +438,9 @@ pub fn open_fs(urls: &[String], name: &str) -> anyhow::Result<Arc<kura_fs::Fs>> 
 /// the pool, the mount is detached (lazily: files still open in it keep working until they
 /// are closed) and the server exits when the kernel ends the session.
 fn mount(args: &MountArgs) -> anyhow::Result<()> {
+    if args.cache_timeout_ms > kura_fs::fuse::CACHE_TIMEOUT_MAX.as_millis() as u64 {
+        anyhow::bail!("--cache-timeout-ms {} is over the limit of {} (an hour)", args.cache_timeout_ms, kura_fs::fuse::CACHE_TIMEOUT_MAX.as_millis());
+    }
     // Before any thread starts, so that every thread inherits the mask.
     let signals = kura_server::signals::TerminationSignals::block().context("blocking SIGTERM/SIGINT")?;
     let (urls, lock) = pool_urls(&args.pool)?;
@@ -437,7 +448,8 @@ fn mount(args: &MountArgs) -> anyhow::Result<()> {
     eprintln!("kura fs: serving {} at {} (unmount with: fusermount3 -u {})", urls.join(","), args.mountpoint.display(), args.mountpoint.display());
     let serving = {
         let (fs, mountpoint, allow_other) = (fs.clone(), args.mountpoint.clone(), args.allow_other);
-        std::thread::Builder::new().name("fuse".into()).spawn(move || kura_fs::fuse::mount(fs, &mountpoint, allow_other))?
+        let cache_timeout = Duration::from_millis(args.cache_timeout_ms);
+        std::thread::Builder::new().name("fuse".into()).spawn(move || kura_fs::fuse::mount(fs, &mountpoint, allow_other, cache_timeout))?
     };
     while !serving.is_finished() {
         if let Some(signal) = signals.wait(Duration::from_millis(FUSE_SIGNAL_POLL_MS)) {

@@ -27,8 +27,11 @@ use crate::Fs;
 
 /// Kernel threads reading FUSE requests.
 const FUSE_THREADS: usize = 4;
-/// Attributes and entries are revalidated on every use.
-const TTL: Duration = Duration::ZERO;
+/// How long the kernel keeps entries and attributes by default: nothing, each use asks
+/// kura, so changes by other processes and hosts are seen at once.
+pub const CACHE_TIMEOUT_DEFAULT: Duration = Duration::ZERO;
+/// The longest cache timeout accepted.
+pub const CACHE_TIMEOUT_MAX: Duration = Duration::from_secs(3600);
 
 enum Handle {
     File { node: Arc<Node>, flags: i32 },
@@ -41,6 +44,8 @@ pub struct KuraFuse {
     fs: Arc<Fs>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_handle: AtomicU64,
+    /// How long the kernel may answer lookups and `stat` from its own cache.
+    ttl: Duration,
 }
 
 fn errno(e: FsError) -> Errno {
@@ -86,8 +91,10 @@ fn dtype_kind(dtype: u8) -> FileType {
 }
 
 impl KuraFuse {
-    pub fn new(fs: Arc<Fs>) -> Self {
-        Self { fs, handles: Mutex::new(HashMap::new()), next_handle: AtomicU64::new(1) }
+    /// `ttl`: how long the kernel may keep the entries and attributes it is given (the FUSE
+    /// entry and attribute timeouts), at most [`CACHE_TIMEOUT_MAX`].
+    pub fn new(fs: Arc<Fs>, ttl: Duration) -> Self {
+        Self { fs, handles: Mutex::new(HashMap::new()), next_handle: AtomicU64::new(1), ttl: ttl.min(CACHE_TIMEOUT_MAX) }
     }
 
     fn attr(&self, inode: &Inode) -> FileAttr {
@@ -136,7 +143,7 @@ impl KuraFuse {
     }
 
     fn entry(&self, inode: &Inode, reply: ReplyEntry) {
-        reply.entry(&TTL, &self.attr(inode), Generation(0));
+        reply.entry(&self.ttl, &self.attr(inode), Generation(0));
     }
 }
 
@@ -155,8 +162,8 @@ impl Filesystem for KuraFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(inode) => reply.attr(&TTL, &self.attr(&inode)),
-            Err(FsError::NotFound) if let Some(inode) = self.removed_open_dir(ino.0) => reply.attr(&TTL, &self.attr(&inode)),
+            Ok(inode) => reply.attr(&self.ttl, &self.attr(&inode)),
+            Err(FsError::NotFound) if let Some(inode) = self.removed_open_dir(ino.0) => reply.attr(&self.ttl, &self.attr(&inode)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -181,7 +188,7 @@ impl Filesystem for KuraFuse {
     ) {
         let attr = SetAttr { mode, uid, gid, size, atime_ns: atime.map(ns_of), mtime_ns: mtime.map(ns_of) };
         match self.fs.setattr(ino.0, attr) {
-            Ok(inode) => reply.attr(&TTL, &self.attr(&inode)),
+            Ok(inode) => reply.attr(&self.ttl, &self.attr(&inode)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -442,7 +449,7 @@ impl Filesystem for KuraFuse {
             Ok((inode, _)) => match self.fs.open_node(&inode) {
                 Ok(node) => {
                     let fh = self.add_handle(Handle::File { node, flags });
-                    reply.created(&TTL, &self.attr(&inode), Generation(0), fh, FopenFlags::empty());
+                    reply.created(&self.ttl, &self.attr(&inode), Generation(0), fh, FopenFlags::empty());
                 }
                 Err(e) => reply.error(errno(e)),
             },
@@ -451,15 +458,16 @@ impl Filesystem for KuraFuse {
     }
 }
 
-/// Mounts `fs` at `mountpoint` and serves it until unmounted.
-pub fn mount(fs: Arc<Fs>, mountpoint: &Path, allow_other: bool) -> std::io::Result<()> {
+/// Mounts `fs` at `mountpoint` and serves it until unmounted; `cache_timeout`: see
+/// [`KuraFuse::new`].
+pub fn mount(fs: Arc<Fs>, mountpoint: &Path, allow_other: bool, cache_timeout: Duration) -> std::io::Result<()> {
     let mut config = Config::default();
     config.mount_options = vec![MountOption::FSName("kura".into()), MountOption::Subtype("kura".into()), MountOption::DefaultPermissions];
     if allow_other {
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(FUSE_THREADS);
-    fuser::mount(KuraFuse::new(fs), mountpoint, &config)
+    fuser::mount(KuraFuse::new(fs, cache_timeout), mountpoint, &config)
 }
 
 /// A `getxattr`/`listxattr` answer: the length when asked with size 0, `ERANGE` when `data`

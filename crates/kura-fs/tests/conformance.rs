@@ -208,10 +208,15 @@ struct Mount {
 
 impl Mount {
     fn new(scratch: &Scratch) -> Self {
-        let point = scratch.path("mnt");
+        Self::at(scratch, "mnt", &[])
+    }
+
+    /// A mount at `name` in the scratch directory, with more `kura fs mount` options.
+    fn at(scratch: &Scratch, name: &str, options: &[&str]) -> Self {
+        let point = scratch.path(name);
         std::fs::create_dir(&point).expect("mountpoint");
         let mut cmd = Command::new(kura());
-        cmd.args(["fs", "mount"]).arg(&point).arg("--data-dir").arg(scratch.data_dir()).args(["--store-size", STORE_SIZE, "--allow-other"]);
+        cmd.args(["fs", "mount"]).arg(&point).arg("--data-dir").arg(scratch.data_dir()).args(["--store-size", STORE_SIZE, "--allow-other"]).args(options);
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
         let mut server = ChildGuard::spawn("kura fs mount", &mut cmd).expect("start kura fs mount");
         let deadline = Instant::now() + Duration::from_secs(MOUNT_TIMEOUT_S);
@@ -499,6 +504,28 @@ fn sigterm_writes_open_files_back_and_unmounts() {
         thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
     };
     assert!(status.success(), "kura fs mount after SIGTERM: {status}");
+}
+
+/// `kura fs mount --cache-timeout-ms`: the kernel answers `stat` from its cache for that
+/// long, so a change made by another process (through the preload) shows there only later,
+/// while a mount with the default (0) sees it at once.
+#[test]
+fn a_cache_timeout_lets_the_kernel_answer_stat_from_its_cache() {
+    if let Err(reason) = fuse_usable() {
+        return skip_or_fail(&reason);
+    }
+    let scratch = Scratch::new();
+    let fresh = Mount::new(&scratch);
+    let cached = Mount::at(&scratch, "cached", &["--cache-timeout-ms", "600000"]);
+    std::fs::write(fresh.point.join("f"), b"a").expect("write through the mount");
+    let size = |mount: &Mount| std::fs::metadata(mount.point.join("f")).expect("stat").len();
+    assert_eq!((size(&fresh), size(&cached)), (1, 1));
+    let out = run_bounded("kura fs run sh", scratch.preload(Path::new("sh")).args(["-c", "printf bb >> /kura/f"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(size(&fresh), 3, "the default mount asks kura at every stat");
+    assert_eq!(size(&cached), 1, "the cached mount answers from the kernel's cache within its timeout");
+    let refused = Command::new(kura()).args(["fs", "mount"]).arg(scratch.path("x")).args(["--cache-timeout-ms", "3600001"]).output().expect("run kura fs mount");
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("over the limit"), "{}", String::from_utf8_lossy(&refused.stderr));
 }
 
 #[test]
