@@ -162,6 +162,96 @@ pub struct PoolKv {
     engine: Option<Engine>,
     /// Some node is a redis-server: its metadata values carry a version prefix.
     redis: bool,
+    /// Metadata records of the embedded engine kept in RAM (`None` on networked pools).
+    meta_cache: Option<MetaCache>,
+}
+
+/// Bytes of metadata records (keys and values) [`MetaCache`] keeps, at most; it starts over
+/// when full.
+pub const META_CACHE_BYTES_MAX: usize = 8 << 20;
+/// Bytes charged per cached record besides its key and value.
+const META_CACHE_ENTRY_OVERHEAD_BYTES: usize = 64;
+
+/// The embedded engine's metadata records (inodes, directory buckets, and the absence of
+/// records looked up) as last read or written here. An embedded engine has one user, this
+/// process (a child may not use it, see `kura-preload`), so every change to a record passes
+/// through [`PoolKv`] and updates its copy: the copy is never stale, and a `stat` does not
+/// read the device. A read that raced with a write does not put what it read back (see
+/// [`MetaCache::fill`]).
+#[derive(Debug, Default)]
+struct MetaCache {
+    inner: crate::sync::Mutex<MetaCacheInner>,
+}
+
+#[derive(Debug, Default)]
+struct MetaCacheInner {
+    records: HashMap<Vec<u8>, Versioned>,
+    bytes: usize,
+    /// Changes made so far (see [`MetaCache::fill`]).
+    writes: u64,
+}
+
+impl MetaCacheInner {
+    fn charge(key: &[u8], record: &Versioned) -> usize {
+        key.len() + record.as_ref().map_or(0, |(value, _)| value.len()) + META_CACHE_ENTRY_OVERHEAD_BYTES
+    }
+
+    fn put(&mut self, key: &[u8], record: Versioned) {
+        let charge = Self::charge(key, &record);
+        if let Some(old) = self.records.insert(key.to_vec(), record) {
+            self.bytes -= Self::charge(key, &old);
+        }
+        self.bytes += charge;
+        if self.bytes > META_CACHE_BYTES_MAX {
+            self.records.clear();
+            self.bytes = 0;
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(old) = self.records.remove(key) {
+            self.bytes -= Self::charge(key, &old);
+        }
+    }
+}
+
+impl MetaCache {
+    fn get(&self, key: &[u8]) -> Option<Versioned> {
+        self.inner.lock().records.get(key).cloned()
+    }
+
+    /// The change count before a read of the engine, for [`MetaCache::fill`].
+    fn begin_read(&self) -> u64 {
+        self.inner.lock().writes
+    }
+
+    /// Keeps what a read found, unless some record changed since the read began (the read may
+    /// have found the record before a change that already updated the copy).
+    fn fill(&self, key: &[u8], record: &Versioned, began: u64) {
+        let mut inner = self.inner.lock();
+        if inner.writes == began {
+            inner.put(key, record.clone());
+        }
+    }
+
+    /// A record changed: `Some`: to this (`Some(None)`: deleted); `None`: unknown (forget it).
+    fn wrote(&self, key: &[u8], record: Option<Versioned>) {
+        let mut inner = self.inner.lock();
+        inner.writes += 1;
+        match record {
+            Some(record) => inner.put(key, record),
+            None => inner.remove(key),
+        }
+    }
+
+    /// Forgets `keys` (written or deleted without their new state at hand).
+    fn forget<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) {
+        let mut inner = self.inner.lock();
+        inner.writes += 1;
+        for key in keys {
+            inner.remove(key);
+        }
+    }
 }
 
 impl PoolKv {
@@ -188,7 +278,8 @@ impl PoolKv {
             }
         }
         let redis = engine.is_none() && pool.config().nodes.iter().any(|n| n.backend == Backend::Redis);
-        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis })
+        let meta_cache = engine.is_some().then(MetaCache::default);
+        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis, meta_cache })
     }
 
     pub fn pool(&self) -> &Pool {
@@ -264,10 +355,21 @@ fn engine_cond(cond: Cond) -> Condition {
 impl Kv for PoolKv {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
         match &self.engine {
-            Some(engine) => Ok(engine.get(key)?.map(|item| {
-                let version = item.version;
-                (item.into_vec(), version)
-            })),
+            Some(engine) => {
+                let cache = self.meta_cache.as_ref();
+                if let Some(record) = cache.and_then(|c| c.get(key)) {
+                    return Ok(record);
+                }
+                let began = cache.map(MetaCache::begin_read);
+                let record = engine.get(key)?.map(|item| {
+                    let version = item.version;
+                    (item.into_vec(), version)
+                });
+                if let (Some(cache), Some(began)) = (cache, began) {
+                    cache.fill(key, &record, began);
+                }
+                Ok(record)
+            }
             None => self.with_meta(key, |c| c.get(key)),
         }
     }
@@ -313,10 +415,18 @@ impl Kv for PoolKv {
 
     fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
         match &self.engine {
-            Some(engine) => match engine.write(key, value, RecordKind::Put, engine_cond(cond))? {
-                WriteOutcome::Written { version } => Ok(Some(version)),
-                WriteOutcome::ConditionFailed { .. } => Ok(None),
-            },
+            Some(engine) => {
+                let written = engine.write(key, value, RecordKind::Put, engine_cond(cond));
+                let version = match written {
+                    Ok(WriteOutcome::Written { version }) => Some(version),
+                    Ok(WriteOutcome::ConditionFailed { .. }) | Err(_) => None,
+                };
+                if let Some(cache) = &self.meta_cache {
+                    cache.wrote(key, version.map(|v| Some((value.to_vec(), v))));
+                }
+                written?;
+                Ok(version)
+            }
             None => self.with_meta(key, |c| c.set(key, value, cond)),
         }
     }
@@ -324,17 +434,24 @@ impl Kv for PoolKv {
     fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool> {
         match &self.engine {
             Some(engine) => {
-                if cond == Cond::Always {
-                    engine.delete(key)?;
-                    return Ok(true);
+                let deleted = if cond == Cond::Always {
+                    engine.delete(key).map(|_| true)
+                } else {
+                    engine.write(key, &[], RecordKind::Tombstone, engine_cond(cond)).map(|outcome| matches!(outcome, WriteOutcome::Written { .. }))
+                };
+                if let Some(cache) = &self.meta_cache {
+                    cache.wrote(key, matches!(deleted, Ok(true)).then_some(None));
                 }
-                Ok(matches!(engine.write(key, &[], RecordKind::Tombstone, engine_cond(cond))?, WriteOutcome::Written { .. }))
+                Ok(deleted?)
             }
             None => self.with_meta(key, |c| c.delete(key, cond)),
         }
     }
 
     fn get_meta_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        if self.meta_cache.is_some() {
+            return keys.iter().map(|key| Ok(self.get_versioned(key)?.map(|(value, _)| value))).collect();
+        }
         let mut values = self.get_many(keys)?;
         if self.redis {
             for (key, value) in keys.iter().zip(values.iter_mut()) {
@@ -398,7 +515,11 @@ impl Kv for PoolKv {
         if items.is_empty() {
             return Ok(());
         }
-        self.with_context(|ctx| Ok(ctx.set_many(items)?))
+        let result = self.with_context(|ctx| Ok(ctx.set_many(items)?));
+        if let Some(cache) = &self.meta_cache {
+            cache.forget(items.iter().map(|(key, _)| key.as_slice()));
+        }
+        result
     }
 
     fn delete_many(&self, keys: &[Vec<u8>]) -> Result<()> {
@@ -406,10 +527,11 @@ impl Kv for PoolKv {
             return Ok(());
         }
         if let Some(engine) = &self.engine {
-            for key in keys {
-                engine.delete(key)?;
+            let deleted = keys.iter().try_for_each(|key| engine.delete(key).map(|_| ()));
+            if let Some(cache) = &self.meta_cache {
+                cache.forget(keys.iter().map(Vec::as_slice));
             }
-            return Ok(());
+            return Ok(deleted?);
         }
         self.with_context(|ctx| {
             let mut first_error = None;
@@ -685,7 +807,45 @@ fn cas_flag<'a>(mut words: impl Iterator<Item = &'a str>) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::PoolSpace;
+    use super::{META_CACHE_BYTES_MAX, MetaCache, PoolSpace};
+
+    #[test]
+    fn a_read_that_raced_with_a_write_is_not_kept() {
+        let cache = MetaCache::default();
+        let old = Some((b"old".to_vec(), 1));
+        let new = Some((b"new".to_vec(), 2));
+        // A reader read the old record; a write changed it before the reader kept it.
+        let began = cache.begin_read();
+        cache.wrote(b"k", Some(new.clone()));
+        cache.fill(b"k", &old, began);
+        assert_eq!(cache.get(b"k"), Some(new.clone()));
+        // A write the cache learns nothing from (a failed swap, set_many) forgets the key.
+        let began = cache.begin_read();
+        cache.forget([&b"k"[..]].into_iter());
+        cache.fill(b"k", &old, began);
+        assert_eq!(cache.get(b"k"), None);
+        // Undisturbed, a read is kept, absence too.
+        let began = cache.begin_read();
+        cache.fill(b"k", &new, began);
+        cache.fill(b"gone", &None, began);
+        assert_eq!((cache.get(b"k"), cache.get(b"gone")), (Some(new), Some(None)));
+        cache.wrote(b"k", None);
+        assert_eq!(cache.get(b"k"), None);
+    }
+
+    #[test]
+    fn the_metadata_cache_stays_within_its_bytes() {
+        let cache = MetaCache::default();
+        let value = vec![7u8; 4096];
+        for i in 0..(2 * META_CACHE_BYTES_MAX / value.len()) {
+            let began = cache.begin_read();
+            cache.fill(format!("key{i}").as_bytes(), &Some((value.clone(), i as u64)), began);
+            assert!(cache.inner.lock().bytes <= META_CACHE_BYTES_MAX);
+        }
+        let inner = cache.inner.lock();
+        let counted: usize = inner.records.iter().map(|(k, r)| super::MetaCacheInner::charge(k, r)).sum();
+        assert_eq!(counted, inner.bytes);
+    }
 
     #[test]
     fn pool_space_sums_the_nodes_and_the_fullest_share_ends_the_writes() {

@@ -188,6 +188,42 @@ fn a_path_walked_before_costs_one_round_trip() {
     assert!(matches!(walk(ROOT_INO, "a/b/c/d/f", None).0, Resolved::Missing { .. }));
 }
 
+/// On the embedded engine (one process, the only user of its store) inodes and directory
+/// buckets stay in RAM once read or written: walks of a path whose records went to flash, under
+/// 8 MiB of data written after them, read the device no more.
+#[test]
+fn the_embedded_engine_answers_walks_from_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = PoolConfig::embedded(&dir.path().join("fs.kura"), 256 << 20);
+    config.engine.block_size_bytes = 1 << 20;
+    config.engine.direct_io = false;
+    config.value_size_max_bytes = 64 << 10;
+    let kv = Arc::new(PoolKv::new(Pool::open(config).unwrap()).unwrap());
+    let fs = open(kv.clone());
+    let file = make_path(&fs, "a/b/c/f");
+    let data = make_path(&fs, "data");
+    let node = fs.open_node(&data).unwrap();
+    fs.write(&node, 0, &vec![0x5a; 8 << 20], kura_fs::WriteMode::Buffered).unwrap();
+    fs.fsync(&node).unwrap();
+    fs.release(&node).unwrap();
+    let engine = kv.pool().engine().unwrap();
+    assert!(engine.stats().seals >= 4, "the metadata records were sealed into blocks on flash");
+    let reads_before = engine.stats().flash_reads;
+    for _ in 0..100 {
+        let (_, inode) = fs.resolve_inode(ROOT_INO, b"a/b/c/f", follow(true, None), MOUNT).unwrap();
+        assert_eq!(inode.map(|i| i.ino), Some(file.ino));
+        assert_eq!(fs.lookup_inode(ROOT_INO, b"a").unwrap().map(|(e, _)| e.dtype), Some(libc::DT_DIR));
+    }
+    assert_eq!(engine.stats().flash_reads - reads_before, 0, "walks read the device");
+    // Changes still show: the copy is updated by the writes themselves.
+    let c = fs.resolve(ROOT_INO, b"a/b/c", follow(true, None), MOUNT).unwrap().ino().unwrap();
+    fs.rename(c, b"f", c, b"g", RenameFlags::default()).unwrap();
+    assert!(matches!(fs.resolve(ROOT_INO, b"a/b/c/f", follow(true, None), MOUNT).unwrap(), Resolved::Missing { .. }));
+    assert_eq!(fs.resolve_inode(ROOT_INO, b"a/b/c/g", follow(true, None), MOUNT).unwrap().1.map(|i| i.ino), Some(file.ino));
+    let other = open(kv.clone());
+    assert_eq!(other.resolve_inode(ROOT_INO, b"a/b/c/g", follow(true, None), MOUNT).unwrap().1.map(|i| i.ino), Some(file.ino));
+}
+
 /// Namespace changes by another instance, and walks to compare.
 #[derive(Debug, Clone)]
 enum Op {
