@@ -13,7 +13,7 @@ use std::time::Duration;
 use kura_fs::kv::Versioned;
 use kura_fs::ns::Cred;
 use kura_fs::path::{Follow, Resolved};
-use kura_fs::{Cond, Fs, FsConfig, FsError, Inode, Kv, Owner, PoolKv, PoolSpace, RenameFlags, ROOT_INO};
+use kura_fs::{Cond, Fs, FsConfig, FsError, Inode, Kv, Owner, PoolKv, PoolSpace, ROOT_INO, RenameFlags};
 use kura_pool::{Pool, PoolConfig};
 use kura_testkit::{require_cmd, spawn_listening, try_or_skip};
 use proptest::prelude::*;
@@ -233,6 +233,8 @@ enum Op {
     Unlink(String),
     Rmdir(String),
     Rename(String, String),
+    /// Permission bits: 0o700 takes the search permission from other users.
+    Chmod(String, u32),
     Walk { path: String, last: bool, user: bool },
 }
 
@@ -249,6 +251,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => path_strategy().prop_map(Op::Unlink),
         1 => path_strategy().prop_map(Op::Rmdir),
         2 => (path_strategy(), path_strategy()).prop_map(|(a, b)| Op::Rename(a, b)),
+        1 => (path_strategy(), prop::sample::select(vec![0o700, 0o755])).prop_map(|(p, m)| Op::Chmod(p, m)),
         6 => (path_strategy().prop_flat_map(|p| prop_oneof![Just(p.clone()), Just(format!("{p}/")), Just(format!("{p}/../a"))]), any::<bool>(), any::<bool>())
             .prop_map(|(path, last, user)| Op::Walk { path, last, user }),
     ]
@@ -274,6 +277,9 @@ fn apply(fs: &Fs, op: &Op) {
             (Some((sd, sn)), Some((dd, dn))) => Some(fs.rename(sd, &sn, dd, &dn, RenameFlags::default())),
             _ => None,
         },
+        Op::Chmod(p, mode) => fs.resolve(ROOT_INO, p.as_bytes(), follow(false, None), MOUNT).ok().and_then(|r| r.ino()).map(|ino| {
+            fs.setattr(ino, kura_fs::SetAttr { mode: Some(*mode), ..kura_fs::SetAttr::default() }).map(|_| ())
+        }),
         Op::Walk { .. } => None,
     };
 }
