@@ -128,6 +128,10 @@ pub struct FsConfig {
     /// the processes of this host that share open file `ino` (see [`Node::is_shared`]); the
     /// preload sets it. `None`: only this process's threads are serialized.
     pub shared_io_lock_path: Option<std::path::PathBuf>,
+    /// A file mapped by every process of this host (and user) using the file system, where
+    /// they share the names they have seen as hints for their path walks (see
+    /// [`memo::SharedNames`]); the preload sets it. `None`: each process learns names alone.
+    pub shared_names_path: Option<std::path::PathBuf>,
 }
 
 impl Default for FsConfig {
@@ -140,6 +144,7 @@ impl Default for FsConfig {
             writeback_interval_ms: WRITEBACK_INTERVAL_MS_DEFAULT,
             readahead_pages: READAHEAD_PAGES_DEFAULT,
             shared_io_lock_path: None,
+            shared_names_path: None,
         }
     }
 }
@@ -209,6 +214,7 @@ impl Fs {
             }
         };
         let chunk = sb.chunk_size_bytes as usize;
+        let memo = memo::NameMemo::with_shared(config.shared_names_path.as_deref());
         let fs = Arc::new_cyclic(|me| Self {
             cache: cache::CacheState::new(&config, chunk),
             kv,
@@ -221,7 +227,7 @@ impl Fs {
             instance: instance_id(me),
             opener: Mutex::new(None),
             recent_inodes: Mutex::new(HashMap::new()),
-            memo: memo::NameMemo::default(),
+            memo,
             shared_io_lock: std::sync::OnceLock::new(),
             space_cache: Mutex::new(None),
         });

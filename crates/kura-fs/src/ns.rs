@@ -237,6 +237,7 @@ impl Fs {
                 self.kv.put_cond(&key, &entries.encode(), cond)?.is_some()
             };
             if done {
+                self.memo.note(dir, name, entries.find(name));
                 return Ok(out);
             }
         }
@@ -606,7 +607,7 @@ impl Fs {
         let moved = DirEntry { name: dname.to_vec(), ino: src.ino, dtype: src.dtype };
         let replaced = if sdir == ddir && bucket_of(sname) == bucket_of(dname) {
             // One record holds both names: one compare-and-swap does it all.
-            self.update_bucket(sdir, sname, |b| {
+            let replaced = self.update_bucket(sdir, sname, |b| {
                 match b.find(sname) {
                     Some(e) if e.ino == src.ino => {}
                     _ => return Err(FsError::NotFound),
@@ -614,7 +615,9 @@ impl Fs {
                 check_target(b.find(dname), &target, flags)?;
                 b.remove(sname);
                 Ok(b.upsert(moved.clone()))
-            })?
+            })?;
+            self.memo.note(ddir, dname, Some(&moved));
+            replaced
         } else {
             let replaced = self.update_bucket(ddir, dname, |b| {
                 check_target(b.find(dname), &target, flags)?;

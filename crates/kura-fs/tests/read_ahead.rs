@@ -188,6 +188,32 @@ fn a_path_walked_before_costs_one_round_trip() {
     assert!(matches!(walk(ROOT_INO, "a/b/c/d/f", None).0, Resolved::Missing { .. }));
 }
 
+/// Processes of one host share the names they saw (a table the preload maps for each): a new
+/// process's first walk of a path another walked is one round trip too.
+#[test]
+fn a_new_process_walks_a_path_others_walked_in_one_round_trip() {
+    let (_memcached, kv) = try_or_skip!(memcached_nodes(1).ok_or("no memcached"));
+    let dir = tempfile::tempdir().unwrap();
+    let shared = FsConfig { name: "ahead".into(), shared_names_path: Some(dir.path().join("names")), ..FsConfig::default() };
+    let first = Fs::open(kv.clone(), shared.clone(), ROOT).unwrap();
+    let file = make_path(&first, "a/b/c/d/f");
+    let walks = |config: &FsConfig| {
+        let counted = Arc::new(Counted { inner: kv.clone(), read_calls: AtomicU64::new(0) });
+        let fs = Fs::open(counted.clone(), config.clone(), ROOT).unwrap();
+        let before = counted.reads();
+        let (_, inode) = fs.resolve_inode(ROOT_INO, b"a/b/c/d/f", follow(true, None), MOUNT).unwrap();
+        assert_eq!(inode.map(|i| i.ino), Some(file.ino));
+        counted.reads() - before
+    };
+    assert_eq!(walks(&config()), 6, "a process on its own walks one component at a time");
+    assert_eq!(walks(&shared), 1, "with the host's table, at once");
+    // The table is only hints: after the tree moves, a new process still finds the new one.
+    first.rename(ROOT_INO, b"a", ROOT_INO, b"old", RenameFlags::default()).unwrap();
+    let moved = make_path(&first, "a/b/c/d/f");
+    let fresh = Fs::open(kv.clone(), shared.clone(), ROOT).unwrap();
+    assert_eq!(fresh.resolve_inode(ROOT_INO, b"a/b/c/d/f", follow(true, None), MOUNT).unwrap().1.map(|i| i.ino), Some(moved.ino));
+}
+
 /// On the embedded engine (one process, the only user of its store) inodes and directory
 /// buckets stay in RAM once read or written: walks of a path whose records went to flash, under
 /// 8 MiB of data written after them, read the device no more.
@@ -292,8 +318,12 @@ fn outcome(fs: &Fs, path: &str, last: bool, user: bool) -> Result<(Resolved, Opt
 
 fn check_walks_match_fresh_instances(kv: Arc<dyn Kv>, name: &str, ops: &[Op]) -> Result<(), TestCaseError> {
     let config = FsConfig { name: name.into(), ..FsConfig::default() };
-    let writer = Fs::open(kv.clone(), config.clone(), ROOT).unwrap();
-    let walker = Fs::open(kv.clone(), config.clone(), ROOT).unwrap();
+    // The writer and the walker share a table of names, as two processes of a host do; the
+    // fresh instances have none.
+    let table = tempfile::tempdir().unwrap();
+    let sharing = FsConfig { shared_names_path: Some(table.path().join("names")), ..config.clone() };
+    let writer = Fs::open(kv.clone(), sharing.clone(), ROOT).unwrap();
+    let walker = Fs::open(kv.clone(), sharing, ROOT).unwrap();
     for op in ops {
         apply(&writer, op);
         if let Op::Walk { path, last, user } = op {

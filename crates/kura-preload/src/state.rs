@@ -238,6 +238,10 @@ pub fn init() {
     }
     // Next to the lock files of flock and fcntl (one per host, file system and pool).
     fs_config.shared_io_lock_path = Some(format!("{}/{:016x}.io", crate::fds::lock_dir(), crate::fds::fs_tag()).into());
+    // One per user: names in directories another user may not read stay that user's.
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let uid = unsafe { libc::geteuid() };
+    fs_config.shared_names_path = Some(format!("{}/{:016x}.names.{uid}", crate::fds::lock_dir(), crate::fds::fs_tag()).into());
     let pool_urls: Vec<String> = env("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     let embedded = pool_urls.is_empty() || pool_urls.iter().any(|u| u.starts_with("embedded:"));
     let sock_prefix = crate::sock::name_prefix(&fs_config.name, &pool_urls);
