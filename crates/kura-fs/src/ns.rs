@@ -255,25 +255,6 @@ impl Fs {
         Ok(entry)
     }
 
-    /// [`Fs::lookup`] for a caller who must be allowed to search `dir` (`EACCES`, as the
-    /// kernel's path walk asks): the directory's inode and the bucket holding `name` are read
-    /// together, in one round trip.
-    pub fn lookup_searching(&self, dir: u64, name: &[u8], cred: &Cred) -> Result<Option<DirEntry>> {
-        if name.len() > crate::layout::NAME_BYTES_MAX {
-            return Err(FsError::NameTooLong);
-        }
-        let keys = [self.keys.inode(dir), self.keys.bucket(dir, bucket_of(name))];
-        let mut values = self.kv.get_meta_many(&keys)?.into_iter();
-        let (inode, bucket) = (values.next().flatten(), values.next().flatten());
-        let inode = Inode::decode(&keys[0], &inode.ok_or(FsError::NotFound)?)?;
-        cred.check_access(&inode, MAY_EXEC)?;
-        let bucket = match bucket {
-            Some(bytes) => Bucket::decode(&keys[1], &bytes)?,
-            None => Bucket::default(),
-        };
-        Ok(bucket.find(name).cloned())
-    }
-
     /// The entry `name` of directory `dir` and the inode it names. Another process may
     /// replace or remove the name between reading the entry and reading the inode (a rename
     /// over it drops the old inode): the name is then read again, so that a name that always
