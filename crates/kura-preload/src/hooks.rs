@@ -1805,19 +1805,23 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
             unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
             return n as isize;
         }
-        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
-            Resolved::Found { entry, .. } => {
+        // The link's inode comes with the walk (one round trip for a path walked before).
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_inode(state, fs, start, rel, false)? {
+            (Resolved::Found { .. }, Some(inode)) => {
                 if size == 0 {
                     return Err(libc::EINVAL);
                 }
-                let target = fs.readlink(entry.ino).map_err(fs_errno)?;
+                if inode.mode & libc::S_IFMT != libc::S_IFLNK {
+                    return Err(libc::EINVAL);
+                }
+                let target = inode.target;
                 let n = target.len().min(size);
                 // SAFETY: the caller's buffer holds `size` bytes.
                 unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
                 Ok(n as c_int)
             }
-            Resolved::Missing { .. } => Err(libc::ENOENT),
-            Resolved::Outside(abs) => outside(&abs, &raw_call),
+            (Resolved::Found { .. }, None) | (Resolved::Missing { .. }, _) => Err(libc::ENOENT),
+            (Resolved::Outside(abs), _) => outside(&abs, &raw_call),
         }) as isize
     })
 }
