@@ -1879,30 +1879,37 @@ extern "C" fn h_euidaccess(path: *const c_char, mode: c_int) -> c_int {
 }
 
 /// The inode a `*at` attribute call names (`AT_EMPTY_PATH`/NULL path: `dirfd` itself).
-fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_int, *const c_char) -> c_int, change: impl FnOnce(&Arc<Fs>, u64) -> Result<(), i32>) -> c_int {
+/// `change` gets the inode as the path walk just read it (`None` for a descriptor): the
+/// permission check needs no read of its own, and the change's compare-and-swap starts from
+/// that record (one round trip each for a path walked before).
+fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_int, *const c_char) -> c_int, change: impl FnOnce(&Arc<Fs>, u64, Option<Inode>) -> Result<(), i32>) -> c_int {
     let Some(state) = active() else { return raw_call(dirfd, path) };
     // SAFETY: libc's contract.
     let p = unsafe { bytes(path) };
     if p.is_none_or(<[u8]>::is_empty) {
         if let Some(of) = state.fds.get(dirfd) {
-            return ret_int(with_fs(state, |fs| change(fs, of.ino).map(|()| 0)));
+            return ret_int(with_fs(state, |fs| change(fs, of.ino, None).map(|()| 0)));
         }
         return raw_call(dirfd, path);
     }
-    path_op(dirfd, path, &raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
-        Resolved::Found { entry, .. } => change(fs, entry.ino).map(|()| 0),
-        Resolved::Missing { .. } => Err(libc::ENOENT),
-        Resolved::Outside(abs) => outside(&abs, &raw_call),
+    path_op(dirfd, path, &raw_call, |state, fs, start, rel, _| match resolve_inode(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
+        (Resolved::Found { entry, .. }, inode) => change(fs, entry.ino, inode).map(|()| 0),
+        (Resolved::Missing { .. }, _) => Err(libc::ENOENT),
+        (Resolved::Outside(abs), _) => outside(&abs, &raw_call),
     })
 }
 
 fn set(fs: &Arc<Fs>, ino: u64, attr: SetAttr) -> Result<(), i32> {
-    set_checked(fs, ino, attr, false)
+    set_checked(fs, ino, attr, false, None)
 }
 
 /// `setattr` after the permission checks; `times_now`: the times asked are "now".
-fn set_checked(fs: &Arc<Fs>, ino: u64, attr: SetAttr, times_now: bool) -> Result<(), i32> {
-    let inode = fs.getattr(ino).map_err(fs_errno)?;
+/// Checks and makes an attribute change of `ino`; `known`: its inode as read during this call.
+fn set_checked(fs: &Arc<Fs>, ino: u64, attr: SetAttr, times_now: bool, known: Option<Inode>) -> Result<(), i32> {
+    let inode = match known {
+        Some(inode) => inode,
+        None => fs.getattr(ino).map_err(fs_errno)?,
+    };
     let attr = cred().check_setattr(&inode, attr, times_now).map_err(fs_errno)?;
     fs.setattr(ino, attr).map(|_| ()).map_err(fs_errno)
 }
@@ -1933,7 +1940,7 @@ extern "C" fn h_fchmodat(dirfd: c_int, path: *const c_char, mode: c_uint, flags:
             }
             r
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, SetAttr { mode: Some(mode), ..SetAttr::default() }))
+        attr_op(dirfd, path, flags, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { mode: Some(mode), ..SetAttr::default() }, false, known))
     })
 }
 
@@ -1963,7 +1970,7 @@ extern "C" fn h_fchownat(dirfd: c_int, path: *const c_char, uid: c_uint, gid: c_
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_fchownat, d, p, uid, gid, flags) as c_int }
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino| set(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }))
+        attr_op(dirfd, path, flags, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false, known))
     })
 }
 
@@ -2008,7 +2015,7 @@ extern "C" fn h_utimensat(dirfd: c_int, path: *const c_char, times: *const libc:
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_utimensat, d, p, times, flags) as c_int }
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino| set_checked(fs, ino, times_attr(times), times_are_now(times)))
+        attr_op(dirfd, path, flags, raw_call, |fs, ino, known| set_checked(fs, ino, times_attr(times), times_are_now(times), known))
     })
 }
 
