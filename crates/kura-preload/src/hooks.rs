@@ -1879,7 +1879,8 @@ extern "C" fn h_euidaccess(path: *const c_char, mode: c_int) -> c_int {
 }
 
 /// The inode a `*at` attribute call names (`AT_EMPTY_PATH`/NULL path: `dirfd` itself).
-/// `change` gets the inode as the path walk just read it (`None` for a descriptor): the
+/// `change` gets the inode as the path walk just read it (for a descriptor: as
+/// [`Fs::getattr_open`] answers, from the record the open wrote when that is fresh): the
 /// permission check needs no read of its own, and the change's compare-and-swap starts from
 /// that record (one round trip each for a path walked before).
 fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_int, *const c_char) -> c_int, change: impl FnOnce(&Arc<Fs>, u64, Option<Inode>) -> Result<(), i32>) -> c_int {
@@ -1888,7 +1889,7 @@ fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_
     let p = unsafe { bytes(path) };
     if p.is_none_or(<[u8]>::is_empty) {
         if let Some(of) = state.fds.get(dirfd) {
-            return ret_int(with_fs(state, |fs| change(fs, of.ino, None).map(|()| 0)));
+            return ret_int(with_fs(state, |fs| change(fs, of.ino, fs.getattr_open(of.ino).ok()).map(|()| 0)));
         }
         return raw_call(dirfd, path);
     }
@@ -1953,7 +1954,7 @@ extern "C" fn h_fchmod(fd: c_int, mode: c_uint) -> c_int {
         if let Some(state) = active()
             && let Some(of) = state.fds.get(fd)
         {
-            return ret_int(with_fs(state, |fs| set(fs, of.ino, SetAttr { mode: Some(mode), ..SetAttr::default() }).map(|()| 0)));
+            return ret_int(with_fs(state, |fs| set_checked(fs, of.ino, SetAttr { mode: Some(mode), ..SetAttr::default() }, false, fs.getattr_open(of.ino).ok()).map(|()| 0)));
         }
         // SAFETY: integers.
         unsafe { crate::raw_syscall!(libc::SYS_fchmod, fd, mode) as c_int }
@@ -1987,7 +1988,7 @@ extern "C" fn h_fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
         if let Some(state) = active()
             && let Some(of) = state.fds.get(fd)
         {
-            return ret_int(with_fs(state, |fs| set(fs, of.ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }).map(|()| 0)));
+            return ret_int(with_fs(state, |fs| set_checked(fs, of.ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false, fs.getattr_open(of.ino).ok()).map(|()| 0)));
         }
         // SAFETY: integers.
         unsafe { crate::raw_syscall!(libc::SYS_fchown, fd, uid, gid) as c_int }
