@@ -162,8 +162,8 @@ pub struct PoolKv {
     engine: Option<Engine>,
     /// Some node is a redis-server: its metadata values carry a version prefix.
     redis: bool,
-    /// Metadata records of the embedded engine kept in RAM (`None` on networked pools).
-    meta_cache: Option<MetaCache>,
+    /// Metadata records of the embedded engine kept in RAM (unused on networked pools).
+    meta_cache: MetaCache,
 }
 
 /// Bytes of metadata records (keys and values) [`MetaCache`] keeps, at most; it starts over
@@ -278,8 +278,7 @@ impl PoolKv {
             }
         }
         let redis = engine.is_none() && pool.config().nodes.iter().any(|n| n.backend == Backend::Redis);
-        let meta_cache = engine.is_some().then(MetaCache::default);
-        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis, meta_cache })
+        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis, meta_cache: MetaCache::default() })
     }
 
     pub fn pool(&self) -> &Pool {
@@ -356,18 +355,15 @@ impl Kv for PoolKv {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
         match &self.engine {
             Some(engine) => {
-                let cache = self.meta_cache.as_ref();
-                if let Some(record) = cache.and_then(|c| c.get(key)) {
+                if let Some(record) = self.meta_cache.get(key) {
                     return Ok(record);
                 }
-                let began = cache.map(MetaCache::begin_read);
+                let began = self.meta_cache.begin_read();
                 let record = engine.get(key)?.map(|item| {
                     let version = item.version;
                     (item.into_vec(), version)
                 });
-                if let (Some(cache), Some(began)) = (cache, began) {
-                    cache.fill(key, &record, began);
-                }
+                self.meta_cache.fill(key, &record, began);
                 Ok(record)
             }
             None => self.with_meta(key, |c| c.get(key)),
@@ -421,9 +417,7 @@ impl Kv for PoolKv {
                     Ok(WriteOutcome::Written { version }) => Some(version),
                     Ok(WriteOutcome::ConditionFailed { .. }) | Err(_) => None,
                 };
-                if let Some(cache) = &self.meta_cache {
-                    cache.wrote(key, version.map(|v| Some((value.to_vec(), v))));
-                }
+                self.meta_cache.wrote(key, version.map(|v| Some((value.to_vec(), v))));
                 written?;
                 Ok(version)
             }
@@ -439,9 +433,7 @@ impl Kv for PoolKv {
                 } else {
                     engine.write(key, &[], RecordKind::Tombstone, engine_cond(cond)).map(|outcome| matches!(outcome, WriteOutcome::Written { .. }))
                 };
-                if let Some(cache) = &self.meta_cache {
-                    cache.wrote(key, matches!(deleted, Ok(true)).then_some(None));
-                }
+                self.meta_cache.wrote(key, matches!(deleted, Ok(true)).then_some(None));
                 Ok(deleted?)
             }
             None => self.with_meta(key, |c| c.delete(key, cond)),
@@ -449,7 +441,8 @@ impl Kv for PoolKv {
     }
 
     fn get_meta_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
-        if self.meta_cache.is_some() {
+        if self.engine.is_some() {
+            // Through the metadata cache.
             return keys.iter().map(|key| Ok(self.get_versioned(key)?.map(|(value, _)| value))).collect();
         }
         let mut values = self.get_many(keys)?;
@@ -516,8 +509,8 @@ impl Kv for PoolKv {
             return Ok(());
         }
         let result = self.with_context(|ctx| Ok(ctx.set_many(items)?));
-        if let Some(cache) = &self.meta_cache {
-            cache.forget(items.iter().map(|(key, _)| key.as_slice()));
+        if self.engine.is_some() {
+            self.meta_cache.forget(items.iter().map(|(key, _)| key.as_slice()));
         }
         result
     }
@@ -528,9 +521,7 @@ impl Kv for PoolKv {
         }
         if let Some(engine) = &self.engine {
             let deleted = keys.iter().try_for_each(|key| engine.delete(key).map(|_| ()));
-            if let Some(cache) = &self.meta_cache {
-                cache.forget(keys.iter().map(Vec::as_slice));
-            }
+            self.meta_cache.forget(keys.iter().map(Vec::as_slice));
             return Ok(deleted?);
         }
         self.with_context(|ctx| {

@@ -71,16 +71,17 @@ impl NameMemo {
         if let Some(shared) = &self.shared {
             shared.note(dir, name, entry.map(|e| (e.ino, e.dtype)));
         }
+        let key = (dir, name.to_vec());
         let mut names = self.names.lock();
         match entry {
             Some(entry) => {
-                if names.len() >= NAME_MEMO_ENTRIES_MAX && !names.contains_key(&(dir, name.to_vec())) {
+                if names.len() >= NAME_MEMO_ENTRIES_MAX && !names.contains_key(&key) {
                     names.clear();
                 }
-                names.insert((dir, name.to_vec()), (entry.ino, entry.dtype));
+                names.insert(key, (entry.ino, entry.dtype));
             }
             None => {
-                names.remove(&(dir, name.to_vec()));
+                names.remove(&key);
             }
         }
     }

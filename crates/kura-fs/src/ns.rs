@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::Fs;
 use crate::error::{FsError, Result};
-use crate::kv::Cond;
+use crate::kv::{Cond, Versioned};
 use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, SYMLINK_BYTES_MAX, bucket_of, check_name, dtype_of, file_type, is_dir};
 
 /// CAS retries of one record before the operation gives up with `EIO` (contention this high
@@ -164,6 +164,14 @@ pub struct RenameFlags {
     pub exchange: bool,
 }
 
+/// A symbolic link's target (`EINVAL` for anything but a link, as `readlink(2)`).
+pub fn link_target(inode: Inode) -> Result<Vec<u8>> {
+    if file_type(inode.mode) != libc::S_IFLNK {
+        return Err(FsError::Invalid);
+    }
+    Ok(inode.target)
+}
+
 pub fn now_ns() -> i64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec into the valid one we pass.
@@ -175,14 +183,16 @@ impl Fs {
     /// Reads an inode record and its version (and remembers both, see `recent_inodes`).
     pub(crate) fn load_inode(&self, ino: u64) -> Result<(Inode, u64)> {
         let key = self.keys.inode(ino);
-        match self.kv.get_versioned(&key)? {
-            Some((bytes, version)) => {
-                let inode = Inode::decode(&key, &bytes)?;
-                self.remember_inode(&inode, version);
-                Ok((inode, version))
-            }
-            None => Err(FsError::NotFound),
-        }
+        self.decode_inode(&key, self.kv.get_versioned(&key)?)?.ok_or(FsError::NotFound)
+    }
+
+    /// The inode record of `key` as read (`None`: absent), remembered as [`Fs::load_inode`]
+    /// remembers it.
+    pub(crate) fn decode_inode(&self, key: &[u8], record: Versioned) -> Result<Option<(Inode, u64)>> {
+        let Some((bytes, version)) = record else { return Ok(None) };
+        let inode = Inode::decode(key, &bytes)?;
+        self.remember_inode(&inode, version);
+        Ok(Some((inode, version)))
     }
 
     /// Notes the record of an inode as last read or written by this process.
@@ -258,9 +268,8 @@ impl Fs {
     /// The entry `name` of directory `dir` and the inode it names. Another process may
     /// replace or remove the name between reading the entry and reading the inode (a rename
     /// over it drops the old inode): the name is then read again, so that a name that always
-    /// existed is never `ENOENT`.
-    /// A name this process has seen is read with its inode in one round trip (see
-    /// [`crate::memo`]).
+    /// existed is never `ENOENT`. A name this process has seen is read with its inode in one
+    /// round trip (see [`crate::memo`]).
     pub fn lookup_inode(&self, dir: u64, name: &[u8]) -> Result<Option<(DirEntry, Inode)>> {
         for _ in 0..CAS_RETRIES_MAX {
             let Some((entry, inode)) = self.lookup_read_ahead(dir, name)? else { return Ok(None) };
@@ -409,11 +418,7 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        let (inode, _) = self.load_inode(ino)?;
-        if file_type(inode.mode) != libc::S_IFLNK {
-            return Err(FsError::Invalid);
-        }
-        Ok(inode.target)
+        link_target(self.load_inode(ino)?.0)
     }
 
     /// A hard link `dir/name` to `ino`.

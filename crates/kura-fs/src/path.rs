@@ -167,7 +167,7 @@ impl Fs {
         } else {
             let key = self.keys.inode(start);
             let record = self.take_ahead(&mut ahead, &key, || self.predict(Some(start), start, &todo, plan))?;
-            dir_entry_of(&key, start, record)?
+            self.dir_entry_of(&key, start, record)?
         };
         let mut parent = dir;
         let mut name = Vec::new();
@@ -319,11 +319,10 @@ impl Fs {
             Some(record) => record,
             None => self.kv.get_versioned(&key)?,
         };
-        let Some((bytes, version)) = record else { return Ok(None) };
-        let mut inode = Inode::decode(&key, &bytes)?;
-        self.remember_inode(&inode, version);
-        self.overlay_local(&mut inode);
-        Ok(Some(inode))
+        Ok(self.decode_inode(&key, record)?.map(|(mut inode, _)| {
+            self.overlay_local(&mut inode);
+            inode
+        }))
     }
 
     /// Looks `name` up in `dir` (checking `searcher` may search it) through the records read
@@ -338,8 +337,8 @@ impl Fs {
         if let Some(cred) = searcher {
             let key = self.keys.inode(dir);
             let record = self.take_ahead(ahead, &key, predict)?;
-            let (bytes, _) = record.ok_or(FsError::NotFound)?;
-            cred.check_access(&Inode::decode(&key, &bytes)?, MAY_EXEC)?;
+            let (inode, _) = self.decode_inode(&key, record)?.ok_or(FsError::NotFound)?;
+            cred.check_access(&inode, MAY_EXEC)?;
         }
         let key = self.keys.bucket(dir, bucket_of(name));
         let record = self.take_ahead(ahead, &key, || {
@@ -363,7 +362,13 @@ impl Fs {
         if ino == ROOT_INO {
             return Ok(root_entry());
         }
-        let (inode, _) = self.load_inode(ino)?;
+        let key = self.keys.inode(ino);
+        self.dir_entry_of(&key, ino, self.kv.get_versioned(&key)?)
+    }
+
+    /// [`Fs::entry_of_dir`] from the directory's inode record as read.
+    fn dir_entry_of(&self, key: &[u8], ino: u64, record: Versioned) -> Result<DirEntry> {
+        let (inode, _) = self.decode_inode(key, record)?.ok_or(FsError::NotFound)?;
         if !is_dir(inode.mode) {
             return Err(FsError::NotDir);
         }
@@ -380,16 +385,6 @@ struct Plan {
     last_follows: bool,
     /// The last component's inode.
     want_inode: bool,
-}
-
-/// A start directory's entry from its inode record, checked to be a live directory.
-fn dir_entry_of(key: &[u8], ino: u64, record: Versioned) -> Result<DirEntry> {
-    let (bytes, _) = record.ok_or(FsError::NotFound)?;
-    let inode = Inode::decode(key, &bytes)?;
-    if !is_dir(inode.mode) {
-        return Err(FsError::NotDir);
-    }
-    Ok(DirEntry { name: Vec::new(), ino, dtype: libc::DT_DIR })
 }
 
 fn is_dir_type(e: &DirEntry) -> bool {

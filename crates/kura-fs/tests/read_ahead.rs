@@ -109,7 +109,7 @@ fn memcached_nodes(count: usize) -> Option<(Vec<kura_testkit::ChildGuard>, Arc<d
     Some((children, Arc::new(PoolKv::new(pool).unwrap())))
 }
 
-fn embedded(dir: &std::path::Path) -> Arc<dyn Kv> {
+fn embedded(dir: &std::path::Path) -> Arc<PoolKv> {
     let mut config = PoolConfig::embedded(&dir.join("fs.kura"), 256 << 20);
     config.engine.block_size_bytes = 1 << 20;
     config.engine.direct_io = false;
@@ -220,11 +220,7 @@ fn a_new_process_walks_a_path_others_walked_in_one_round_trip() {
 #[test]
 fn the_embedded_engine_answers_walks_from_ram() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = PoolConfig::embedded(&dir.path().join("fs.kura"), 256 << 20);
-    config.engine.block_size_bytes = 1 << 20;
-    config.engine.direct_io = false;
-    config.value_size_max_bytes = 64 << 10;
-    let kv = Arc::new(PoolKv::new(Pool::open(config).unwrap()).unwrap());
+    let kv = embedded(dir.path());
     let fs = open(kv.clone());
     let file = make_path(&fs, "a/b/c/f");
     let data = make_path(&fs, "data");

@@ -1811,10 +1811,7 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
                 if size == 0 {
                     return Err(libc::EINVAL);
                 }
-                if inode.mode & libc::S_IFMT != libc::S_IFLNK {
-                    return Err(libc::EINVAL);
-                }
-                let target = inode.target;
+                let target = kura_fs::ns::link_target(inode).map_err(fs_errno)?;
                 let n = target.len().min(size);
                 // SAFETY: the caller's buffer holds `size` bytes.
                 unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
@@ -1904,8 +1901,8 @@ fn set(fs: &Arc<Fs>, ino: u64, attr: SetAttr) -> Result<(), i32> {
     set_checked(fs, ino, attr, false, None)
 }
 
-/// `setattr` after the permission checks; `times_now`: the times asked are "now".
-/// Checks and makes an attribute change of `ino`; `known`: its inode as read during this call.
+/// `setattr` after the permission checks; `times_now`: the times asked are "now"; `known`:
+/// the inode as read during this call (else it is read here).
 fn set_checked(fs: &Arc<Fs>, ino: u64, attr: SetAttr, times_now: bool, known: Option<Inode>) -> Result<(), i32> {
     let inode = match known {
         Some(inode) => inode,
@@ -1951,13 +1948,9 @@ extern "C" fn h_chmod(path: *const c_char, mode: c_uint) -> c_int {
 
 extern "C" fn h_fchmod(fd: c_int, mode: c_uint) -> c_int {
     guard(-1, || {
-        if let Some(state) = active()
-            && let Some(of) = state.fds.get(fd)
-        {
-            return ret_int(with_fs(state, |fs| set_checked(fs, of.ino, SetAttr { mode: Some(mode), ..SetAttr::default() }, false, fs.getattr_open(of.ino).ok()).map(|()| 0)));
-        }
         // SAFETY: integers.
-        unsafe { crate::raw_syscall!(libc::SYS_fchmod, fd, mode) as c_int }
+        let raw_call = |_: c_int, _: *const c_char| unsafe { crate::raw_syscall!(libc::SYS_fchmod, fd, mode) as c_int };
+        attr_op(fd, std::ptr::null(), 0, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { mode: Some(mode), ..SetAttr::default() }, false, known))
     })
 }
 
@@ -1985,13 +1978,9 @@ extern "C" fn h_lchown(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
 
 extern "C" fn h_fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
     guard(-1, || {
-        if let Some(state) = active()
-            && let Some(of) = state.fds.get(fd)
-        {
-            return ret_int(with_fs(state, |fs| set_checked(fs, of.ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false, fs.getattr_open(of.ino).ok()).map(|()| 0)));
-        }
         // SAFETY: integers.
-        unsafe { crate::raw_syscall!(libc::SYS_fchown, fd, uid, gid) as c_int }
+        let raw_call = |_: c_int, _: *const c_char| unsafe { crate::raw_syscall!(libc::SYS_fchown, fd, uid, gid) as c_int };
+        attr_op(fd, std::ptr::null(), 0, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false, known))
     })
 }
 
