@@ -264,6 +264,12 @@ struct NodeInner {
     append_base: Option<u64>,
     /// A failed write-back, reported by the next `fsync`/`close`.
     error: Option<FsError>,
+    /// Set by the last close around its write-back: the compare-and-swap that writes the
+    /// size and times back also removes this process from the openers, one round trip for
+    /// both (see [`Fs::release`]).
+    leave_openers: bool,
+    /// The record that swap left, when it did.
+    left_openers: Option<Inode>,
 }
 
 /// The cache's shared counters and queues.
@@ -353,6 +359,8 @@ impl Node {
                 revalidated_at: Instant::now(),
                 append_base: None,
                 error: None,
+                leave_openers: false,
+                left_openers: None,
             }),
             wb_lock: Mutex::new(0),
             stale: AtomicBool::new(false),
@@ -392,6 +400,17 @@ impl Fs {
     /// Taking it made a file closed by one thread while another opened it read as empty
     /// (Node.js's write stream closing while a read stream opened the file).
     pub fn open_node(&self, inode: &Inode) -> Result<Arc<Node>> {
+        self.open_node_as(inode, false)
+    }
+
+    /// [`Fs::open_node`] of a file [`Fs::create_open`] just made, whose record already lists
+    /// this process among its openers: no compare-and-swap to record it again.
+    pub fn open_node_created(&self, inode: &Inode) -> Result<Arc<Node>> {
+        debug_assert!(inode.openers.contains(&self.opener()));
+        self.open_node_as(inode, true)
+    }
+
+    fn open_node_as(&self, inode: &Inode, created: bool) -> Result<Arc<Node>> {
         let node = Arc::clone(self.nodes.lock().entry(inode.ino).or_insert_with(|| Arc::new(Node::new(inode))));
         let mut registered = node.registered.lock();
         let mut inner = node.inner.lock();
@@ -407,7 +426,9 @@ impl Fs {
         inner.opens += 1;
         let first = inner.opens == 1;
         drop(inner);
-        if first && !*registered {
+        if first && !*registered && created {
+            *registered = true;
+        } else if first && !*registered {
             match self.register_opener(inode.ino) {
                 Ok((recorded, elsewhere)) => {
                     *registered = recorded;
@@ -447,12 +468,22 @@ impl Fs {
             self.discard(node);
             Ok(())
         } else {
+            node.inner.lock().leave_openers = *registered;
             let result = self.writeback(node);
             let error = node.inner.lock().error.take();
             result.and(error.map_or(Ok(()), Err))
         };
+        let left = {
+            let mut inner = node.inner.lock();
+            inner.leave_openers = false;
+            inner.left_openers.take()
+        };
         if std::mem::take(&mut *registered) {
-            return result.and(self.unregister_opener(node.ino));
+            return match left {
+                // The write-back's swap removed this process already.
+                Some(inode) => result.and(self.after_leaving(&inode)),
+                None => result.and(self.unregister_opener(node.ino)),
+            };
         }
         if orphan {
             return match self.load_inode(node.ino) {
@@ -461,6 +492,12 @@ impl Fs {
             };
         }
         result
+    }
+
+    /// Whether this process has `ino` open.
+    pub(crate) fn open_here(&self, ino: u64) -> bool {
+        let node = self.nodes.lock().get(&ino).cloned();
+        node.is_some_and(|node| node.inner.lock().opens > 0)
     }
 
     /// Whether this process has `ino` open (then an unlink to zero links defers the delete).
@@ -1327,7 +1364,10 @@ impl Fs {
 
     /// Puts the size and mtime of written-back data into the inode record (CAS) and bumps its
     /// generation so other processes drop their cached pages at their next open.
+    /// The write-back of a last close also removes this process from the openers in that
+    /// swap (`leave_openers`).
     fn write_back_meta(&self, node: &Arc<Node>, size: u64, mtime: Option<i64>) -> Result<()> {
+        let leaving = std::mem::take(&mut node.inner.lock().leave_openers).then(|| self.opener());
         let updated = self.update_inode(node.ino, |i| {
             i.size = i.size.max(size);
             if let Some(t) = mtime {
@@ -1335,6 +1375,9 @@ impl Fs {
                 i.ctime_ns = i.ctime_ns.max(t);
             }
             i.generation += 1;
+            if let Some(me) = &leaving {
+                Self::leave_openers(i, me);
+            }
             Ok(())
         });
         let mut inner = node.inner.lock();
@@ -1342,6 +1385,9 @@ impl Fs {
             Ok(inode) => {
                 inner.pool_size = inode.size;
                 inner.generation = inode.generation;
+                if leaving.is_some() {
+                    inner.left_openers = Some(inode.clone());
+                }
                 if !node.is_shared() && inner.opens > 0 && self.open_in_another_process(&inode) {
                     // Another process opened the file since this one did: from now on this one
                     // reads and writes the pool too (see [`Fs::after_lock`]).

@@ -444,9 +444,14 @@ impl Filesystem for KuraFuse {
 
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         let kind = if file_type(mode) == 0 { libc::S_IFREG } else { file_type(mode) };
-        let created = self.fs.create(parent.0, name.as_bytes(), kind | (mode & 0o7777 & !umask), 0, b"", owner(req), flags & libc::O_EXCL != 0);
+        let (perm, excl) = (mode & 0o7777 & !umask, flags & libc::O_EXCL != 0);
+        let created = if kind == libc::S_IFREG {
+            self.fs.create_open(parent.0, name.as_bytes(), perm, owner(req), excl)
+        } else {
+            self.fs.create(parent.0, name.as_bytes(), kind | perm, 0, b"", owner(req), excl)
+        };
         match created {
-            Ok((inode, _)) => match self.fs.open_node(&inode) {
+            Ok((inode, made)) => match if made && kind == libc::S_IFREG { self.fs.open_node_created(&inode) } else { self.fs.open_node(&inode) } {
                 Ok(node) => {
                     let fh = self.add_handle(Handle::File { node, flags });
                     reply.created(&self.ttl, &self.attr(&inode), Generation(0), fh, FopenFlags::empty());

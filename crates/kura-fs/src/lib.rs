@@ -178,6 +178,9 @@ pub struct Fs {
     /// Inode records as this process last read or wrote them, with their versions and when
     /// (at most `ns::RECENT_INODES_MAX`).
     pub(crate) recent_inodes: Mutex<HashMap<u64, (Inode, u64, std::time::Instant)>>,
+    /// Directory buckets as this process last read or wrote them (at most
+    /// `ns::RECENT_BUCKETS_BYTES_MAX` bytes).
+    pub(crate) recent_buckets: Mutex<ns::RecentBuckets>,
     /// Names this process has seen, which predict the records a path walk reads.
     pub(crate) memo: memo::NameMemo,
     /// `config.shared_io_lock_path` opened (at its first use; `None` inside when it cannot be).
@@ -227,6 +230,7 @@ impl Fs {
             instance: instance_id(me),
             opener: Mutex::new(None),
             recent_inodes: Mutex::new(HashMap::new()),
+            recent_buckets: Mutex::new(ns::RecentBuckets::default()),
             memo,
             shared_io_lock: std::sync::OnceLock::new(),
             space_cache: Mutex::new(None),

@@ -26,6 +26,12 @@ pub(crate) const RECENT_INODES_MAX: usize = 1024;
 /// nearly every program does. Another process's change in that window cannot be told from one
 /// made just after the `fstat` (NFS caches attributes for 3 s or more).
 pub const ATTR_FRESH_US: u64 = 1000;
+/// Bytes of directory buckets a process remembers as it last read or wrote them, at most (all
+/// are dropped when more would be kept). A bucket read by the path walk just before a change
+/// (a create, an unlink, a rename) is checked from that copy and changed by one
+/// compare-and-swap from it; a process adding file after file to a directory changes the
+/// bucket from the copy its last swap left. A stale copy only fails the swap.
+pub(crate) const RECENT_BUCKETS_BYTES_MAX: usize = 1 << 20;
 /// Zeros one `fallocate` step writes at a time.
 const FALLOCATE_STEP_BYTES: usize = 128 << 10;
 /// Times `rename` starts over when its target changed between its checks and its CAS.
@@ -33,6 +39,49 @@ const RENAME_RETRIES_MAX: u32 = 1000;
 const RENAME_RACE: &str = "rename target changed concurrently";
 /// Directory levels `rename` walks up to refuse moving a directory into itself.
 const DEPTH_MAX: usize = 4096;
+
+/// Directory buckets as this process last read or wrote them (see [`RECENT_BUCKETS_BYTES_MAX`]).
+#[derive(Debug, Default)]
+pub(crate) struct RecentBuckets {
+    /// (directory, bucket) → the record (`None`: absent) and when it was read or written.
+    map: std::collections::HashMap<(u64, u32), (Versioned, std::time::Instant)>,
+    bytes: usize,
+}
+
+impl RecentBuckets {
+    fn charge(record: &Versioned) -> usize {
+        64 + record.as_ref().map_or(0, |(bytes, _)| bytes.len())
+    }
+
+    fn put(&mut self, key: (u64, u32), record: Versioned) {
+        let charge = Self::charge(&record);
+        if let Some((old, _)) = self.map.remove(&key) {
+            self.bytes -= Self::charge(&old);
+        }
+        if self.bytes + charge > RECENT_BUCKETS_BYTES_MAX {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        self.bytes += charge;
+        self.map.insert(key, (record, std::time::Instant::now()));
+    }
+
+    fn take(&mut self, key: (u64, u32)) -> Option<(Versioned, std::time::Instant)> {
+        let taken = self.map.remove(&key)?;
+        self.bytes -= Self::charge(&taken.0);
+        Some(taken)
+    }
+
+    fn fresh(&self, key: (u64, u32)) -> Option<Versioned> {
+        self.map.get(&key).filter(|(_, at)| at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)).map(|(record, _)| record.clone())
+    }
+
+    pub(crate) fn forget_dir(&mut self, dir: u64) {
+        for b in 0..DIR_BUCKETS {
+            self.take((dir, b));
+        }
+    }
+}
 
 /// Attribute changes (`chmod`, `chown`, `truncate`, `utimensat`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -207,16 +256,22 @@ impl Fs {
     /// Applies `change` to an inode by compare-and-swap, retrying on conflict. The first try
     /// starts from the record as this process last read or wrote it, if it did recently (one
     /// round trip instead of two when nobody changed it since; a stale copy just fails the
-    /// swap).
+    /// swap, and an error `change` finds in a copy is checked again on the record read anew).
     pub(crate) fn update_inode(&self, ino: u64, mut change: impl FnMut(&mut Inode) -> Result<()>) -> Result<Inode> {
         let key = self.keys.inode(ino);
         let mut recent = self.recent_inodes.lock().remove(&ino).map(|(inode, version, _)| (inode, version));
         for _ in 0..CAS_RETRIES_MAX {
-            let (mut inode, version) = match recent.take() {
-                Some(copy) => copy,
-                None => self.load_inode(ino)?,
+            let (mut inode, version, from_copy) = match recent.take() {
+                Some((inode, version)) => (inode, version, true),
+                None => {
+                    let (inode, version) = self.load_inode(ino)?;
+                    (inode, version, false)
+                }
             };
-            change(&mut inode)?;
+            match change(&mut inode) {
+                Err(_) if from_copy => continue,
+                result => result?,
+            }
             if let Some(new_version) = self.kv.put_cond(&key, &inode.encode(), Cond::Version(version))? {
                 self.remember_inode(&inode, new_version);
                 return Ok(inode);
@@ -225,26 +280,150 @@ impl Fs {
         Err(FsError::Io(format!("inode {ino}: too much contention")))
     }
 
-    fn load_bucket(&self, dir: u64, bucket: u32) -> Result<(Bucket, Option<u64>)> {
-        let key = self.keys.bucket(dir, bucket);
-        match self.kv.get_versioned(&key)? {
-            Some((bytes, version)) => Ok((Bucket::decode(&key, &bytes)?, Some(version))),
+    /// The inode record this process read or wrote less than [`ATTR_FRESH_US`] ago (by the
+    /// path walk of the call in progress, typically).
+    fn fresh_inode(&self, ino: u64) -> Option<Inode> {
+        self.recent_inodes.lock().get(&ino).filter(|(_, _, at)| at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)).map(|(inode, _, _)| inode.clone())
+    }
+
+    /// [`Fs::getattr`], answered from the record when this process read or wrote it less than
+    /// [`ATTR_FRESH_US`] ago: for the permission checks of a change right after the path walk
+    /// that read the directory (the kernel's checks are no more atomic with the change).
+    pub fn getattr_fresh(&self, ino: u64) -> Result<Inode> {
+        match self.fresh_inode(ino) {
+            Some(mut inode) => {
+                self.overlay_local(&mut inode);
+                Ok(inode)
+            }
+            None => self.getattr(ino),
+        }
+    }
+
+    /// Notes a directory bucket's record as this process just read or wrote it.
+    pub(crate) fn remember_bucket(&self, dir: u64, bucket: u32, record: Versioned) {
+        self.recent_buckets.lock().put((dir, bucket), record);
+    }
+
+    fn decode_bucket(&self, dir: u64, bucket: u32, record: &Versioned) -> Result<(Bucket, Option<u64>)> {
+        match record {
+            Some((bytes, version)) => Ok((Bucket::decode(&self.keys.bucket(dir, bucket), bytes)?, Some(*version))),
             None => Ok((Bucket::default(), None)),
         }
     }
 
-    /// Applies `change` to the bucket of `dir` holding `name` by compare-and-swap.
+    fn load_bucket(&self, dir: u64, bucket: u32) -> Result<(Bucket, Option<u64>)> {
+        let record = self.kv.get_versioned(&self.keys.bucket(dir, bucket))?;
+        let decoded = self.decode_bucket(dir, bucket, &record)?;
+        self.remember_bucket(dir, bucket, record);
+        Ok(decoded)
+    }
+
+    /// The entry `name` of `dir`, and whether it comes from a copy: the bucket as this process
+    /// read it less than [`ATTR_FRESH_US`] ago (the path walk of the call in progress), when the
+    /// name is in it (the change that follows checks it again by compare-and-swap); otherwise
+    /// read now, so that a missing name is never taken from a copy.
+    fn lookup_fresh(&self, dir: u64, name: &[u8]) -> Result<Option<(DirEntry, bool)>> {
+        let bucket = bucket_of(name);
+        let fresh = self.recent_buckets.lock().fresh((dir, bucket));
+        if let Some(record) = fresh
+            && let Some(entry) = self.decode_bucket(dir, bucket, &record)?.0.find(name)
+        {
+            return Ok(Some((entry.clone(), true)));
+        }
+        Ok(self.lookup(dir, name)?.map(|entry| (entry, false)))
+    }
+
+    /// Directory `dir` (checked to be a live one) and its entry `name`, from records this
+    /// process read less than [`ATTR_FRESH_US`] ago (the path walk just before), the others
+    /// read in one round trip. What would end the caller's change early (not a directory, no
+    /// longer one, the name taken) is never taken from a copy: it is read again.
+    fn dir_and_entry(&self, dir: u64, name: &[u8]) -> Result<(Inode, Option<DirEntry>)> {
+        let bucket = bucket_of(name);
+        let parent = self.fresh_inode(dir);
+        let record = self.recent_buckets.lock().fresh((dir, bucket));
+        let (parent_copied, record_copied) = (parent.is_some(), record.is_some());
+        let (mut parent, record) = match (parent, record) {
+            (Some(parent), Some(record)) => (parent, record),
+            (parent, record) => {
+                let mut keys = Vec::with_capacity(2);
+                if parent.is_none() {
+                    keys.push(self.keys.inode(dir));
+                }
+                if record.is_none() {
+                    keys.push(self.keys.bucket(dir, bucket));
+                }
+                let mut read = self.kv.get_versioned_many(&keys)?.into_iter();
+                if read.len() != keys.len() {
+                    return Err(FsError::Io("a batched get returned too few values".into()));
+                }
+                let parent = match parent {
+                    Some(parent) => parent,
+                    None => self.decode_inode(&keys[0], read.next().flatten())?.ok_or(FsError::NotFound)?.0,
+                };
+                let record = match record {
+                    Some(record) => record,
+                    None => {
+                        let record = read.next().flatten();
+                        self.remember_bucket(dir, bucket, record.clone());
+                        record
+                    }
+                };
+                (parent, record)
+            }
+        };
+        let live_dir = |inode: &Inode| is_dir(inode.mode) && inode.nlink > 0;
+        if parent_copied && !live_dir(&parent) {
+            parent = self.load_inode(dir)?.0;
+        }
+        if !is_dir(parent.mode) {
+            return Err(FsError::NotDir);
+        }
+        if parent.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        let mut entry = self.decode_bucket(dir, bucket, &record)?.0.find(name).cloned();
+        if entry.is_some() && record_copied {
+            return Ok((parent, self.lookup(dir, name)?));
+        }
+        self.memo.note(dir, name, entry.as_ref());
+        Ok((parent, entry.take()))
+    }
+
+    /// Applies `change` to the bucket of `dir` holding `name` by compare-and-swap. The first
+    /// try starts from the bucket as this process last read or wrote it, as
+    /// [`Fs::update_inode`] does.
     fn update_bucket<T>(&self, dir: u64, name: &[u8], mut change: impl FnMut(&mut Bucket) -> Result<T>) -> Result<T> {
         let bucket = bucket_of(name);
         let key = self.keys.bucket(dir, bucket);
+        let mut recent = self.recent_buckets.lock().take((dir, bucket)).map(|(record, _)| record);
         for _ in 0..CAS_RETRIES_MAX {
-            let (mut entries, version) = self.load_bucket(dir, bucket)?;
-            let out = change(&mut entries)?;
+            let ((mut entries, version), from_copy) = match recent.take() {
+                Some(record) => match self.decode_bucket(dir, bucket, &record) {
+                    Ok(decoded) => (decoded, true),
+                    Err(_) => (self.load_bucket(dir, bucket)?, false),
+                },
+                None => (self.load_bucket(dir, bucket)?, false),
+            };
+            let out = match change(&mut entries) {
+                Err(_) if from_copy => continue,
+                out => out?,
+            };
             let cond = version.map_or(Cond::Absent, Cond::Version);
             let done = if entries.entries.is_empty() && version.is_some() {
-                self.kv.delete_cond(&key, cond)?
+                let deleted = self.kv.delete_cond(&key, cond)?;
+                if deleted {
+                    self.remember_bucket(dir, bucket, None);
+                }
+                deleted
             } else {
-                self.kv.put_cond(&key, &entries.encode(), cond)?.is_some()
+                let encoded = entries.encode();
+                match self.kv.put_cond(&key, &encoded, cond)? {
+                    Some(new_version) => {
+                        self.remember_bucket(dir, bucket, Some((encoded, new_version)));
+                        true
+                    }
+                    None => false,
+                }
             };
             if done {
                 self.memo.note(dir, name, entries.find(name));
@@ -323,8 +502,13 @@ impl Fs {
         }
     }
 
+    /// Directory `dir`, checked to be a live one (from the record as read less than
+    /// [`ATTR_FRESH_US`] ago, if it was).
     fn dir_inode(&self, dir: u64) -> Result<Inode> {
-        let (inode, _) = self.load_inode(dir)?;
+        let inode = match self.fresh_inode(dir) {
+            Some(inode) if is_dir(inode.mode) && inode.nlink > 0 => inode,
+            _ => self.load_inode(dir)?.0,
+        };
         if !is_dir(inode.mode) {
             return Err(FsError::NotDir);
         }
@@ -351,12 +535,25 @@ impl Fs {
     /// (`false`: not created).
     #[allow(clippy::too_many_arguments)] // mknod's, symlink's and open's arguments in one place
     pub fn create(&self, dir: u64, name: &[u8], mode: u32, rdev: u32, target: &[u8], owner: Owner, exclusive: bool) -> Result<(Inode, bool)> {
+        self.create_as(dir, name, mode, rdev, target, owner, exclusive, false)
+    }
+
+    /// [`Fs::create`] of a regular file that the caller opens next: a file it makes lists
+    /// this process among its openers from the start, so that its open
+    /// ([`Fs::open_node_created`]) needs no compare-and-swap of its own (an existing file, the
+    /// `false` case, is opened with [`Fs::open_node`] as usual).
+    pub fn create_open(&self, dir: u64, name: &[u8], perm: u32, owner: Owner, exclusive: bool) -> Result<(Inode, bool)> {
+        self.create_as(dir, name, libc::S_IFREG | (perm & 0o7777), 0, b"", owner, exclusive, true)
+    }
+
+    #[allow(clippy::too_many_arguments)] // create's, and whether the new file is opened
+    fn create_as(&self, dir: u64, name: &[u8], mode: u32, rdev: u32, target: &[u8], owner: Owner, exclusive: bool, opened: bool) -> Result<(Inode, bool)> {
         check_name(name)?;
         if target.len() > SYMLINK_BYTES_MAX {
             return Err(FsError::NameTooLong);
         }
-        let parent = self.dir_inode(dir)?;
-        if let Some(existing) = self.lookup(dir, name)? {
+        let (parent, existing) = self.dir_and_entry(dir, name)?;
+        if let Some(existing) = existing {
             if exclusive {
                 return Err(FsError::Exists);
             }
@@ -374,6 +571,9 @@ impl Fs {
         if file_type(mode) == libc::S_IFLNK {
             inode.target = target.to_vec();
             inode.size = target.len() as u64;
+        }
+        if opened {
+            inode.openers.push(self.opener());
         }
         match self.kv.put_cond(&self.keys.inode(inode.ino), &inode.encode(), Cond::Absent)? {
             Some(version) => self.remember_inode(&inode, version),
@@ -460,17 +660,7 @@ impl Fs {
 
     /// Removes the non-directory `dir/name`.
     pub fn unlink(&self, dir: u64, name: &[u8]) -> Result<()> {
-        let entry = self.lookup(dir, name)?.ok_or(FsError::NotFound)?;
-        if entry.dtype == libc::DT_DIR {
-            return Err(FsError::IsDir);
-        }
-        let removed = self.update_bucket(dir, name, |b| match b.find(name) {
-            Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
-            Some(_) | None => Ok(None),
-        })?;
-        let Some(removed) = removed else {
-            return Err(FsError::NotFound);
-        };
+        let removed = self.remove_entry(dir, name, |entry| if entry.dtype == libc::DT_DIR { Err(FsError::IsDir) } else { Ok(()) })?;
         self.touch_dir(dir, 0)?;
         self.drop_link(removed.ino)
     }
@@ -483,29 +673,47 @@ impl Fs {
         if name == b".." {
             return Err(FsError::NotEmpty);
         }
-        let entry = self.lookup(dir, name)?.ok_or(FsError::NotFound)?;
-        if entry.dtype != libc::DT_DIR {
-            return Err(FsError::NotDir);
-        }
-        if !self.readdir(entry.ino)?.is_empty() {
-            return Err(FsError::NotEmpty);
-        }
-        let removed = self.update_bucket(dir, name, |b| match b.find(name) {
-            Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
-            _ => Ok(None),
+        let removed = self.remove_entry(dir, name, |entry| {
+            if entry.dtype != libc::DT_DIR {
+                return Err(FsError::NotDir);
+            }
+            if !self.readdir(entry.ino)?.is_empty() {
+                return Err(FsError::NotEmpty);
+            }
+            Ok(())
         })?;
-        if removed.is_none() {
-            return Err(FsError::NotFound);
-        }
         self.touch_dir(dir, -1)?;
-        self.kv.delete_cond(&self.keys.inode(entry.ino), Cond::Always)?;
-        self.forget_node(entry.ino);
+        self.kv.delete_cond(&self.keys.inode(removed.ino), Cond::Always)?;
+        self.forget_node(removed.ino);
+        self.recent_buckets.lock().forget_dir(removed.ino);
         Ok(())
+    }
+
+    /// Removes the entry `name` of `dir` if `check` allows, by compare-and-swap on the entry
+    /// as looked up (from the walk's copy of the bucket when there is one: an entry that
+    /// copy no longer matches is looked up again, and checked again).
+    fn remove_entry(&self, dir: u64, name: &[u8], check: impl Fn(&DirEntry) -> Result<()>) -> Result<DirEntry> {
+        let (mut entry, mut copied) = self.lookup_fresh(dir, name)?.ok_or(FsError::NotFound)?;
+        loop {
+            check(&entry)?;
+            let removed = self.update_bucket(dir, name, |b| match b.find(name) {
+                Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
+                Some(_) | None => Ok(None),
+            })?;
+            match removed {
+                Some(removed) => return Ok(removed),
+                None if copied => (entry, copied) = (self.lookup(dir, name)?.ok_or(FsError::NotFound)?, false),
+                None => return Err(FsError::NotFound),
+            }
+        }
     }
 
     /// One name of `ino` went away: drops its link count and, at zero, its data and record,
     /// unless a process (this one or another) still has it open: then at the last close.
     pub(crate) fn drop_link(&self, ino: u64) -> Result<()> {
+        if self.delete_last_link(ino)? {
+            return Ok(());
+        }
         let now = now_ns();
         let inode = match self.update_inode(ino, |i| {
             i.nlink = i.nlink.saturating_sub(if is_dir(i.mode) { i.nlink } else { 1 });
@@ -527,6 +735,29 @@ impl Fs {
         self.delete_inode(&inode)
     }
 
+    /// The common case of [`Fs::drop_link`] in one round trip: the last name of a file that no
+    /// process has open went away, as the record this process last read or wrote says (the
+    /// path walk of the unlink read it). The record is deleted by compare-and-swap from that
+    /// copy, then the file's data. `false` (nothing done): the copy says otherwise, or the
+    /// record changed since (another process opened or linked the file), for the general way.
+    fn delete_last_link(&self, ino: u64) -> Result<bool> {
+        let Some((inode, version, _)) = self.recent_inodes.lock().get(&ino).cloned() else { return Ok(false) };
+        if is_dir(inode.mode) || inode.nlink != 1 || self.open_elsewhere(&inode) || self.open_here(ino) {
+            return Ok(false);
+        }
+        if !self.kv.delete_cond(&self.keys.inode(ino), Cond::Version(version))? {
+            self.recent_inodes.lock().remove(&ino);
+            return Ok(false);
+        }
+        // Inode numbers are never reused: a crash before the data goes leaves only chunks
+        // nothing names, as a crash between the two steps of the general way leaves both.
+        if file_type(inode.mode) == libc::S_IFREG {
+            self.delete_chunks(ino, inode.size)?;
+        }
+        self.forget_node(ino);
+        Ok(true)
+    }
+
     /// Deletes the chunks of a file of `size` bytes (and any this process holds beyond it).
     pub(crate) fn delete_chunks(&self, ino: u64, size: u64) -> Result<()> {
         let chunks = size.div_ceil(self.chunk as u64).max(self.local_chunk_count(ino));
@@ -542,6 +773,7 @@ impl Fs {
         if is_dir(inode.mode) {
             let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(inode.ino, b)).collect();
             self.kv.delete_many(&keys)?;
+            self.recent_buckets.lock().forget_dir(inode.ino);
         }
         self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
         self.forget_node(inode.ino);
@@ -567,13 +799,15 @@ impl Fs {
             return Err(FsError::Invalid);
         }
         check_name(dname)?;
+        // Read now, not from a copy: the new name is written before the old one is removed.
         let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
         self.dir_inode(ddir)?;
         let src_is_dir = src.dtype == libc::DT_DIR;
         if src_is_dir && sdir != ddir {
             self.refuse_cycle(src.ino, ddir)?;
         }
-        let target = self.lookup(ddir, dname)?;
+        // The target is checked again under the compare-and-swap that replaces it.
+        let target = self.lookup_fresh(ddir, dname)?.map(|(entry, _)| entry);
         if let Some(t) = &target {
             // Linux checks RENAME_NOREPLACE first: onto itself too, it is EEXIST.
             if flags.noreplace {

@@ -151,17 +151,30 @@ impl Fs {
     pub(crate) fn unregister_opener(&self, ino: u64) -> Result<()> {
         let me = self.opener();
         let inode = match self.update_inode(ino, |inode| {
-            Self::prune_openers(inode, &me);
-            inode.openers.retain(|o| *o != me);
+            Self::leave_openers(inode, &me);
             Ok(())
         }) {
             Ok(inode) => inode,
             Err(FsError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
+        self.after_leaving(&inode)
+    }
+
+    /// Removes `me` from the openers in `inode` (and the dead ones): the change
+    /// [`Fs::unregister_opener`] swaps in, which the write-back of a last close makes together
+    /// with its own.
+    pub(crate) fn leave_openers(inode: &mut Inode, me: &Opener) {
+        Self::prune_openers(inode, me);
+        inode.openers.retain(|o| o != me);
+    }
+
+    /// After this process left the openers of `inode` (the record as swapped in): deletes the
+    /// file when that left it with no name and no live opener.
+    pub(crate) fn after_leaving(&self, inode: &Inode) -> Result<()> {
         if inode.nlink == 0 && inode.openers.is_empty() {
-            self.delete_inode(&inode)?;
-            self.remove_orphan(ino)?;
+            self.delete_inode(inode)?;
+            self.remove_orphan(inode.ino)?;
         }
         Ok(())
     }

@@ -133,7 +133,8 @@ impl Fs {
     /// Resolves `path` (relative: to directory `start`; absolute paths are the caller's to
     /// strip of the mount prefix first) with `mount` the prefix for absolute symlink targets.
     pub fn resolve(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
-        self.walk(start, path, follow, mount, false).map(|(resolved, _)| resolved)
+        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode: false, want_parent: false };
+        self.walk(start, path, follow, mount, plan).map(|(resolved, _)| resolved)
     }
 
     /// [`Fs::resolve`] and the inode the path names (with `Found`, and only with it; as
@@ -143,8 +144,28 @@ impl Fs {
     /// then resolved again, so that a reader sees the old file or the new one, never `ENOENT`
     /// for a name that always existed.
     pub fn resolve_inode(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<(Resolved, Option<Inode>)> {
+        self.resolve_inode_as(start, path, follow, mount, false)
+    }
+
+    /// [`Fs::resolve_inode`] for a change to the path's last name (a create, a removal, a
+    /// rename): the walk also reads the inode of the last directory, in the same round trip,
+    /// for the permission checks and the change that follow (see [`Fs::getattr_fresh`]).
+    pub fn resolve_for_change(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<(Resolved, Option<Inode>)> {
+        self.resolve_inode_as(start, path, follow, mount, true)
+    }
+
+    /// [`Fs::resolve`] for a new name (`mkdir`, `symlink`, `link`, `mknod`): the walk also
+    /// reads the inode of the last directory, as [`Fs::resolve_for_change`] does, and not the
+    /// inode of an existing last name.
+    pub fn resolve_parent(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
+        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode: false, want_parent: true };
+        self.walk(start, path, follow, mount, plan).map(|(resolved, _)| resolved)
+    }
+
+    fn resolve_inode_as(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_parent: bool) -> Result<(Resolved, Option<Inode>)> {
+        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode: true, want_parent };
         for _ in 0..RESOLVE_RETRIES_MAX {
-            match self.walk(start, path, follow, mount, true)? {
+            match self.walk(start, path, follow, mount, plan)? {
                 (resolved @ Resolved::Found { .. }, Some(None)) => tracing::trace!(?resolved, "inode gone after its lookup; resolving again"),
                 (resolved, inode) => return Ok((resolved, inode.flatten())),
             }
@@ -152,15 +173,14 @@ impl Fs {
         Err(FsError::Io(format!("{}: the name keeps naming removed inodes", String::from_utf8_lossy(path))))
     }
 
-    /// Resolves `path`, and with `want_inode` reads the inode it names: `Some(None)` when that
-    /// inode is gone.
-    fn walk(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_inode: bool) -> Result<(Resolved, Option<Option<Inode>>)> {
+    /// Resolves `path`, and with `plan.want_inode` reads the inode it names: `Some(None)` when
+    /// that inode is gone.
+    fn walk(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], plan: Plan) -> Result<(Resolved, Option<Option<Inode>>)> {
         check_path_len(path)?;
         let trailing_slash = path.ends_with(b"/");
         // Components still to walk, in reverse (a stack, so symlink targets splice in front).
         let mut todo: Vec<Vec<u8>> = path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev().collect();
         let mut ahead = ReadAhead::default();
-        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || trailing_slash, want_inode };
         let mut dir = start;
         let mut current = if start == ROOT_INO {
             root_entry()
@@ -243,7 +263,7 @@ impl Fs {
         if trailing_slash && !is_dir_type(&current) {
             return Err(FsError::NotDir);
         }
-        let inode = if want_inode { Some(self.inode_ahead(&mut ahead, current.ino)?) } else { None };
+        let inode = if plan.want_inode { Some(self.inode_ahead(&mut ahead, current.ino)?) } else { None };
         Ok((Resolved::Found { parent, name, entry: current }, inode))
     }
 
@@ -265,8 +285,8 @@ impl Fs {
 
     /// The records a walk will read from here if the names it is about to look up still lead
     /// where they did: `lead`'s inode first (the start directory, checked to be one), then for
-    /// each component its directory's inode (with a search check) and the bucket holding the
-    /// name, and the inode of the last one. Stops at the first name this process has not
+    /// each component its directory's inode (with a search check, or for the last one with
+    /// `plan.want_parent`) and the bucket holding the name, and the inode of the last one. Stops at the first name this process has not
     /// seen, at `..`, and at anything but a directory before the last component.
     fn predict(&self, lead: Option<u64>, dir: u64, todo: &[Vec<u8>], plan: Plan) -> Vec<Vec<u8>> {
         let mut keys = Vec::new();
@@ -279,7 +299,7 @@ impl Fs {
             if name == b".." || name.len() > crate::layout::NAME_BYTES_MAX || keys.len() + 3 > READ_AHEAD_KEYS_MAX {
                 break;
             }
-            if plan.searcher {
+            if plan.searcher || (plan.want_parent && names.peek().is_none()) {
                 keys.push(self.keys.inode(dir));
             }
             keys.push(self.keys.bucket(dir, bucket_of(name)));
@@ -305,7 +325,7 @@ impl Fs {
             return Err(FsError::NameTooLong);
         }
         let mut ahead = ReadAhead::default();
-        let plan = Plan { searcher: false, last_follows: false, want_inode: true };
+        let plan = Plan { searcher: false, last_follows: false, want_inode: true, want_parent: false };
         let Some(entry) = self.lookup_ahead(&mut ahead, dir, name, &[], None, plan)? else { return Ok(None) };
         let inode = self.inode_ahead(&mut ahead, entry.ino)?;
         Ok(Some((entry, inode)))
@@ -334,25 +354,32 @@ impl Fs {
             todo.push(name.to_vec());
             self.predict(None, dir, &todo, plan)
         };
-        if let Some(cred) = searcher {
+        // The directory's inode comes first when predicted (see `predict`).
+        let dir_inode_first = searcher.is_some() || (plan.want_parent && rest.is_empty());
+        if dir_inode_first {
             let key = self.keys.inode(dir);
             let record = self.take_ahead(ahead, &key, predict)?;
-            let (inode, _) = self.decode_inode(&key, record)?.ok_or(FsError::NotFound)?;
-            cred.check_access(&inode, MAY_EXEC)?;
+            let inode = self.decode_inode(&key, record)?;
+            if let Some(cred) = searcher {
+                let (inode, _) = inode.ok_or(FsError::NotFound)?;
+                cred.check_access(&inode, MAY_EXEC)?;
+            }
         }
-        let key = self.keys.bucket(dir, bucket_of(name));
+        let bucket = bucket_of(name);
+        let key = self.keys.bucket(dir, bucket);
         let record = self.take_ahead(ahead, &key, || {
             let mut keys = predict();
-            if searcher.is_some() {
+            if dir_inode_first {
                 // Only when the directory's inode was taken but its bucket was not next.
                 keys.remove(0);
             }
             keys
         })?;
-        let entry = match record {
-            Some((bytes, _)) => Bucket::decode(&key, &bytes)?.find(name).cloned(),
+        let entry = match &record {
+            Some((bytes, _)) => Bucket::decode(&key, bytes)?.find(name).cloned(),
             None => None,
         };
+        self.remember_bucket(dir, bucket, record);
         self.memo.note(dir, name, entry.as_ref());
         Ok(entry)
     }
@@ -385,6 +412,8 @@ struct Plan {
     last_follows: bool,
     /// The last component's inode.
     want_inode: bool,
+    /// The inode of the last component's directory.
+    want_parent: bool,
 }
 
 fn is_dir_type(e: &DirEntry) -> bool {

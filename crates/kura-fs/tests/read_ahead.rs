@@ -5,83 +5,20 @@
 //! instance's. Over the embedded engine and over two real memcached nodes (keys of one walk
 //! on both), where the read-ahead really pipelines.
 
-use std::process::{Command, Stdio};
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use kura_fs::kv::Versioned;
+use common::{Counted, embedded, memcached_nodes};
 use kura_fs::ns::Cred;
 use kura_fs::path::{Follow, Resolved};
-use kura_fs::{Cond, Fs, FsConfig, FsError, Inode, Kv, Owner, PoolKv, PoolSpace, ROOT_INO, RenameFlags};
-use kura_pool::{Pool, PoolConfig};
-use kura_testkit::{require_cmd, spawn_listening, try_or_skip};
+use kura_fs::{Fs, FsConfig, FsError, Inode, Kv, Owner, ROOT_INO, RenameFlags};
+use kura_testkit::try_or_skip;
 use proptest::prelude::*;
 
 const MOUNT: &[u8] = b"/kura";
 const ROOT: Owner = Owner { uid: 0, gid: 0 };
-
-/// The pool's store, passed through, with the reads that cost a round trip counted: each call
-/// reading metadata records (one node's batch at most per call in these tests' walks).
-struct Counted {
-    inner: Arc<dyn Kv>,
-    read_calls: AtomicU64,
-}
-
-impl Counted {
-    fn reads(&self) -> u64 {
-        self.read_calls.load(Ordering::SeqCst)
-    }
-    fn count(&self) {
-        self.read_calls.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Kv for Counted {
-    fn get_versioned(&self, key: &[u8]) -> kura_fs::Result<Option<(Vec<u8>, u64)>> {
-        self.count();
-        self.inner.get_versioned(key)
-    }
-    fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> kura_fs::Result<Option<u64>> {
-        self.inner.put_cond(key, value, cond)
-    }
-    fn delete_cond(&self, key: &[u8], cond: Cond) -> kura_fs::Result<bool> {
-        self.inner.delete_cond(key, cond)
-    }
-    fn get_versioned_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Versioned>> {
-        self.count();
-        self.inner.get_versioned_many(keys)
-    }
-    fn get_versioned_in_order(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Versioned>> {
-        self.count();
-        self.inner.get_versioned_in_order(keys)
-    }
-    fn get_meta_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Option<Vec<u8>>>> {
-        self.count();
-        self.inner.get_meta_many(keys)
-    }
-    fn get_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<Option<Vec<u8>>>> {
-        self.inner.get_many(keys)
-    }
-    fn exists_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<Vec<bool>> {
-        self.inner.exists_many(keys)
-    }
-    fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> kura_fs::Result<bool> {
-        self.inner.get_into(key, out)
-    }
-    fn set_many(&self, items: &[(Vec<u8>, Vec<u8>)]) -> kura_fs::Result<()> {
-        self.inner.set_many(items)
-    }
-    fn delete_many(&self, keys: &[Vec<u8>]) -> kura_fs::Result<()> {
-        self.inner.delete_many(keys)
-    }
-    fn flush(&self) -> kura_fs::Result<()> {
-        self.inner.flush()
-    }
-    fn space(&self) -> kura_fs::Result<Option<PoolSpace>> {
-        self.inner.space()
-    }
-}
 
 fn config() -> FsConfig {
     FsConfig { name: "ahead".into(), ..FsConfig::default() }
@@ -89,32 +26,6 @@ fn config() -> FsConfig {
 
 fn open(kv: Arc<dyn Kv>) -> Arc<Fs> {
     Fs::open(kv, config(), ROOT).unwrap()
-}
-
-fn memcached_nodes(count: usize) -> Option<(Vec<kura_testkit::ChildGuard>, Arc<dyn Kv>)> {
-    let bin = require_cmd("memcached").ok()?;
-    let mut children = Vec::new();
-    let mut urls = Vec::new();
-    for _ in 0..count {
-        let (child, port) = spawn_listening("memcached", Duration::from_secs(20), |port| {
-            let mut cmd = Command::new(&bin);
-            cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-            cmd
-        })
-        .expect("start memcached");
-        children.push(child);
-        urls.push(format!("memcached://127.0.0.1:{port}"));
-    }
-    let pool = Pool::open(PoolConfig::from_urls(&urls).unwrap()).unwrap();
-    Some((children, Arc::new(PoolKv::new(pool).unwrap())))
-}
-
-fn embedded(dir: &std::path::Path) -> Arc<PoolKv> {
-    let mut config = PoolConfig::embedded(&dir.join("fs.kura"), 256 << 20);
-    config.engine.block_size_bytes = 1 << 20;
-    config.engine.direct_io = false;
-    config.value_size_max_bytes = 64 << 10;
-    Arc::new(PoolKv::new(Pool::open(config).unwrap()).unwrap())
 }
 
 fn follow(last: bool, searcher: Option<&Cred>) -> Follow<'_> {
@@ -139,7 +50,7 @@ fn a_path_walked_before_costs_one_round_trip() {
     let (_memcached, kv) = try_or_skip!(memcached_nodes(1).ok_or("no memcached"));
     let writer = open(kv.clone());
     let file = make_path(&writer, "a/b/c/d/f");
-    let counted = Arc::new(Counted { inner: kv.clone(), read_calls: AtomicU64::new(0) });
+    let counted = Arc::new(Counted::new(kv.clone()));
     let walker = open(counted.clone());
     let user = Cred { uid: 1000, gid: 1000, groups: Vec::new() };
 
@@ -198,7 +109,7 @@ fn a_new_process_walks_a_path_others_walked_in_one_round_trip() {
     let first = Fs::open(kv.clone(), shared.clone(), ROOT).unwrap();
     let file = make_path(&first, "a/b/c/d/f");
     let walks = |config: &FsConfig| {
-        let counted = Arc::new(Counted { inner: kv.clone(), read_calls: AtomicU64::new(0) });
+        let counted = Arc::new(Counted::new(kv.clone()));
         let fs = Fs::open(counted.clone(), config.clone(), ROOT).unwrap();
         let before = counted.reads();
         let (_, inode) = fs.resolve_inode(ROOT_INO, b"a/b/c/d/f", follow(true, None), MOUNT).unwrap();

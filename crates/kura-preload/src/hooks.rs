@@ -186,7 +186,7 @@ pub(crate) fn cred_unless_root() -> Option<kura_fs::ns::Cred> {
 /// May the caller add an entry to directory `parent` (write and search on it)? `EACCES`.
 fn check_create_in(fs: &Fs, parent: u64) -> Result<(), i32> {
     let Some(cred) = cred_unless_root() else { return Ok(()) };
-    cred.check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)
+    cred.check_create(&fs.getattr_fresh(parent).map_err(fs_errno)?).map_err(fs_errno)
 }
 
 /// May the caller open `inode` with open(2)'s `flags`? Read for `O_RDONLY`/`O_RDWR`, write for
@@ -266,11 +266,28 @@ pub(crate) fn resolve_inode(state: &State, fs: &Fs, start: u64, rel: &[u8], foll
     fs.resolve_inode(start, rel, Follow { last: follow_last, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
 }
 
+/// [`resolve_inode`] for a change to the path's last name: the walk also reads the last
+/// directory's inode, for the permission checks and the change ([`Fs::resolve_for_change`]).
+pub(crate) fn resolve_for_change(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_last: bool) -> Result<(Resolved, Option<Inode>), i32> {
+    let searcher = cred_unless_root();
+    fs.resolve_for_change(start, rel, Follow { last: follow_last, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
+}
+
+/// [`resolve`] for a new name: the walk also reads the last directory's inode, for the
+/// permission check and the create ([`Fs::resolve_parent`]).
+pub(crate) fn resolve_parent(state: &State, fs: &Fs, start: u64, rel: &[u8]) -> Result<Resolved, i32> {
+    let searcher = cred_unless_root();
+    fs.resolve_parent(start, rel, Follow { last: false, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
+}
+
 /// The inode that `parent/name` (looked up as `entry`) names, for the permission checks of a
 /// removal or a rename. Another process may remove or replace the name between the lookup
 /// and the read of its inode (the kernel holds the directory's lock here; the pool has none):
 /// the name is then looked up again ([`Fs::lookup_inode`]). `None`: the name is gone.
-fn victim_of(fs: &Fs, parent: u64, name: &[u8], entry: kura_fs::DirEntry) -> Result<Option<Inode>, i32> {
+fn victim_of(fs: &Fs, parent: u64, name: &[u8], entry: kura_fs::DirEntry, walked: Option<Inode>) -> Result<Option<Inode>, i32> {
+    if let Some(inode) = walked.filter(|inode| inode.ino == entry.ino) {
+        return Ok(Some(inode));
+    }
     match fs.getattr(entry.ino) {
         Ok(inode) => Ok(Some(inode)),
         Err(FsError::NotFound) => Ok(fs.lookup_inode(parent, name).map_err(fs_errno)?.map(|(_, inode)| inode)),
@@ -478,7 +495,9 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     let excl = flags & libc::O_EXCL != 0;
     let accmode = flags & libc::O_ACCMODE;
     let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
-    let (resolved, found) = resolve_inode(state, fs, start, rel, follow)?;
+    let (resolved, found) = if creat { resolve_for_change(state, fs, start, rel, follow)? } else { resolve_inode(state, fs, start, rel, follow)? };
+    // A file this open made lists this process among its openers already.
+    let mut made = false;
     let inode = match resolved {
         Resolved::Outside(abs) => {
             let p = c_path(&abs);
@@ -495,7 +514,9 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             }
             check_create_in(fs, parent)?;
             let perm = mode & 0o7777 & !umask_now();
-            fs.create(parent, &name, libc::S_IFREG | perm, 0, b"", owner(), excl).map_err(fs_errno)?.0
+            let (inode, created) = fs.create_open(parent, &name, perm, owner(), excl).map_err(fs_errno)?;
+            made = created;
+            inode
         }
         Resolved::Found { .. } => {
             if creat && excl {
@@ -536,7 +557,11 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     let is_dir = kura_fs::layout::is_dir(inode.mode);
     let inode = if !is_dir && flags & libc::O_TRUNC != 0 { fs.getattr(inode.ino).map_err(fs_errno)? } else { inode };
     // A file unlinked since the lookup fails here, before a descriptor exists.
-    let node = if is_dir { None } else { Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?) };
+    let node = match (is_dir, made) {
+        (true, _) => None,
+        (false, true) => Some(fs.open_node_created(&inode).map_err(fs_errno)?),
+        (false, false) => Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
+    };
     let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, abs) {
         Ok(placeholder) => placeholder,
         Err(e) => {
@@ -1514,7 +1539,7 @@ extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_in
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_mkdirat, d, p, mode) as c_int }
         };
-        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
             Resolved::Missing { parent, name } => {
                 check_create_in(fs, parent)?;
@@ -1539,7 +1564,7 @@ extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: li
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_mknodat, d, p, mode, dev) as c_int }
         };
-        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve(state, fs, start, rel, false)? {
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
             Resolved::Missing { parent, name } => {
                 let kind = if mode & libc::S_IFMT == 0 { libc::S_IFREG } else { mode & libc::S_IFMT };
@@ -1576,13 +1601,13 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                     _ => {}
                 }
             }
-            match resolve(state, fs, start, rel.strip_suffix(b"/").filter(|_| rmdir).unwrap_or(rel), false)? {
-                Resolved::Found { parent, name, entry } => {
+            match resolve_for_change(state, fs, start, rel.strip_suffix(b"/").filter(|_| rmdir).unwrap_or(rel), false)? {
+                (Resolved::Found { parent, name, entry }, walked) => {
                     if name.is_empty() {
                         return Err(libc::EBUSY);
                     }
-                    let dir = fs.getattr(parent).map_err(fs_errno)?;
-                    let victim = victim_of(fs, parent, &name, entry.clone())?.ok_or(libc::ENOENT)?;
+                    let dir = fs.getattr_fresh(parent).map_err(fs_errno)?;
+                    let victim = victim_of(fs, parent, &name, entry.clone(), walked)?.ok_or(libc::ENOENT)?;
                     cred().check_delete(&dir, &victim).map_err(fs_errno)?;
                     if rmdir {
                         fs.rmdir(parent, &name).map_err(fs_errno)?;
@@ -1594,8 +1619,8 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                     }
                     Ok(0)
                 }
-                Resolved::Missing { .. } => Err(libc::ENOENT),
-                Resolved::Outside(abs) => outside(&abs, &raw_call),
+                (Resolved::Missing { .. }, _) => Err(libc::ENOENT),
+                (Resolved::Outside(abs), _) => outside(&abs, &raw_call),
             }
         })
     })
@@ -1647,12 +1672,12 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             let cred = cred();
             // Linux walks to both parents before it looks at either name: a bad directory on
             // the new path (ENOTDIR, ELOOP) wins over a missing source.
-            let (old_resolved, new_resolved) = (resolve(state, fs, os, &orel, false), resolve(state, fs, ns, &nrel, false));
-            let (old_resolved, new_resolved) = (old_resolved?, new_resolved?);
+            let (old_resolved, new_resolved) = (resolve_for_change(state, fs, os, &orel, false), resolve_for_change(state, fs, ns, &nrel, false));
+            let ((old_resolved, old_walked), (new_resolved, new_walked)) = (old_resolved?, new_resolved?);
             let (sp, sname) = match old_resolved {
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
-                    let victim = victim_of(fs, parent, &name, entry)?.ok_or(libc::ENOENT)?;
-                    cred.check_delete(&fs.getattr(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
+                    let victim = victim_of(fs, parent, &name, entry, old_walked)?.ok_or(libc::ENOENT)?;
+                    cred.check_delete(&fs.getattr_fresh(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
                     (parent, name)
                 }
                 Resolved::Found { .. } => return Err(libc::EBUSY),
@@ -1664,8 +1689,8 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
                     // The target may be unlinked or replaced by another process meanwhile: the
                     // rename then creates the name, or replaces the new file (which fs.rename
                     // re-checks under its compare-and-swap).
-                    let dir = fs.getattr(parent).map_err(fs_errno)?;
-                    match victim_of(fs, parent, &name, entry)? {
+                    let dir = fs.getattr_fresh(parent).map_err(fs_errno)?;
+                    match victim_of(fs, parent, &name, entry, new_walked)? {
                         Some(target) => cred.check_delete(&dir, &target).map_err(fs_errno)?,
                         None => cred.check_create(&dir).map_err(fs_errno)?,
                     }
@@ -1673,7 +1698,7 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
                 }
                 Resolved::Found { .. } => return Err(libc::EBUSY),
                 Resolved::Missing { parent, name } => {
-                    cred.check_create(&fs.getattr(parent).map_err(fs_errno)?).map_err(fs_errno)?;
+                    cred.check_create(&fs.getattr_fresh(parent).map_err(fs_errno)?).map_err(fs_errno)?;
                     (parent, name)
                 }
                 Resolved::Outside(_) => return Err(libc::EXDEV),
@@ -1716,7 +1741,7 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
                     Resolved::Missing { .. } => return Err(libc::ENOENT),
                     Resolved::Outside(_) => return Err(libc::EXDEV),
                 };
-                match resolve(state, fs, ns, &nrel, false)? {
+                match resolve_parent(state, fs, ns, &nrel)? {
                     Resolved::Missing { parent, name } => {
                         check_create_in(fs, parent)?;
                         fs.link(ino, parent, &name).map_err(fs_errno)?;
@@ -1759,7 +1784,7 @@ extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_ch
             // SAFETY: libc's contract.
             let t = unsafe { bytes(target) }.ok_or(libc::EFAULT)?;
             kura_fs::path::check_path_len(t).map_err(|e| e.errno())?;
-            match resolve(state, fs, start, rel, false)? {
+            match resolve_parent(state, fs, start, rel)? {
                 Resolved::Found { .. } => Err(libc::EEXIST),
                 Resolved::Missing { parent, name } => {
                     check_create_in(fs, parent)?;
