@@ -59,6 +59,31 @@ pub enum Cond {
     Version(u64),
 }
 
+/// One write of [`Kv::write_many`].
+#[derive(Debug, Clone, Copy)]
+pub enum WriteOp<'a> {
+    /// [`Kv::put_cond`]: `Some(new version)`, or `None` when the condition did not hold.
+    Put(&'a [u8], &'a [u8], Cond),
+    /// [`Kv::delete_cond`]: `Some(0)` when deleted, `None` when the condition did not hold.
+    Delete(&'a [u8], Cond),
+}
+
+impl WriteOp<'_> {
+    fn key(&self) -> &[u8] {
+        match *self {
+            WriteOp::Put(key, _, _) | WriteOp::Delete(key, _) => key,
+        }
+    }
+
+    /// The write alone, through `kv`'s single-record calls.
+    pub fn apply<K: Kv + ?Sized>(&self, kv: &K) -> Result<Option<u64>> {
+        match *self {
+            WriteOp::Put(key, value, cond) => kv.put_cond(key, value, cond),
+            WriteOp::Delete(key, cond) => Ok(kv.delete_cond(key, cond)?.then_some(0)),
+        }
+    }
+}
+
 /// What the file system needs from a key-value store.
 pub trait Kv: Send + Sync {
     /// The value and its version (a CAS token).
@@ -78,6 +103,13 @@ pub trait Kv: Send + Sync {
     /// together, in one round trip, and a node's batch only after the previous node answered.
     fn get_versioned_in_order(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
         keys.iter().map(|key| self.get_versioned(key)).collect()
+    }
+    /// Several conditional writes, each decided on its own (not a transaction: a later one is
+    /// applied whatever an earlier one's outcome), in the order given; consecutive writes to
+    /// one node go out together, in one round trip, where the backend allows. One result per
+    /// write, in order (see [`WriteOp`]).
+    fn write_many(&self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
+        writes.iter().map(|write| write.apply(self)).collect()
     }
     /// Gets many metadata values at once, as [`Kv::get_versioned`] would return them (without
     /// the versions); one result per key, in order.
@@ -425,6 +457,21 @@ impl Kv for PoolKv {
         }
     }
 
+    fn write_many(&self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
+        if self.engine.is_some() {
+            return writes.iter().map(|write| write.apply(self)).collect();
+        }
+        let mut out = Vec::with_capacity(writes.len());
+        let mut at = 0;
+        while at < writes.len() {
+            let node = self.pool.node_of(writes[at].key());
+            let run = writes[at..].iter().take_while(|write| std::ptr::eq(self.pool.node_of(write.key()), node)).count();
+            out.extend(self.with_meta_node(node, |c| c.write_many(&writes[at..at + run]))?);
+            at += run;
+        }
+        Ok(out)
+    }
+
     fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool> {
         match &self.engine {
             Some(engine) => {
@@ -614,6 +661,20 @@ impl SideConn {
         }
     }
 
+    /// Several writes: pipelined on memcached, one by one on Redis.
+    fn write_many(&mut self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
+        match self {
+            SideConn::Memcache(c) => c.write_many(writes),
+            SideConn::Redis(c) => writes
+                .iter()
+                .map(|write| match *write {
+                    WriteOp::Put(key, value, cond) => c.set(key, value, cond),
+                    WriteOp::Delete(key, cond) => Ok(c.delete(key, cond)?.then_some(0)),
+                })
+                .collect(),
+        }
+    }
+
     fn delete(&mut self, key: &[u8], cond: Cond) -> Result<bool> {
         match self {
             SideConn::Memcache(c) => c.delete(key, cond),
@@ -756,13 +817,51 @@ impl MetaConn {
     }
 
     fn set(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
-        let flags = match cond {
-            Cond::Always => String::new(),
-            Cond::Absent => " ME".to_owned(),
-            Cond::Version(v) => format!(" C{v}"),
-        };
-        let head = [b"ms ", key, format!(" {}{flags} c\r\n", value.len()).as_bytes()].concat();
-        self.send(&head, Some(value))?;
+        self.send(&set_request(key, value, cond), None)?;
+        self.read_set_reply()
+    }
+
+    /// `ms` and `md` of every write in one send, then their replies in order (all read, as
+    /// [`MetaConn::get_many`] reads them). A delete only if absent is not one request: such a
+    /// batch goes one write at a time.
+    fn write_many(&mut self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
+        if writes.iter().any(|write| matches!(write, WriteOp::Delete(_, Cond::Absent))) {
+            return writes
+                .iter()
+                .map(|write| match *write {
+                    WriteOp::Put(key, value, cond) => self.set(key, value, cond),
+                    WriteOp::Delete(key, cond) => Ok(self.delete(key, cond)?.then_some(0)),
+                })
+                .collect();
+        }
+        let mut requests = Vec::new();
+        for write in writes {
+            match *write {
+                WriteOp::Put(key, value, cond) => requests.extend(set_request(key, value, cond)),
+                WriteOp::Delete(key, cond) => requests.extend(delete_request(key, cond)),
+            }
+        }
+        self.send(&requests, None)?;
+        let mut out = Vec::with_capacity(writes.len());
+        let mut first_error = None;
+        for write in writes {
+            let reply = match *write {
+                WriteOp::Put(..) => self.read_set_reply(),
+                WriteOp::Delete(_, cond) => self.read_delete_reply(cond).map(|deleted| deleted.then_some(0)),
+            };
+            match reply {
+                Ok(version) => out.push(version),
+                Err(e @ FsError::Io(_)) => return Err(e),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(out), Err)
+    }
+
+    /// The reply to one `ms … c`: the new version, or `None` when the condition failed.
+    fn read_set_reply(&mut self) -> Result<Option<u64>> {
         let line = self.read_line()?.to_owned();
         match line.split(' ').next() {
             Some("HD") => {
@@ -775,13 +874,16 @@ impl MetaConn {
     }
 
     fn delete(&mut self, key: &[u8], cond: Cond) -> Result<bool> {
-        let flags = match cond {
-            Cond::Version(v) => format!(" C{v}"),
+        if cond == Cond::Absent {
             // Holds when there is nothing to delete.
-            Cond::Absent => return Ok(self.get(key)?.is_none()),
-            Cond::Always => String::new(),
-        };
-        self.send(&[b"md ", key, flags.as_bytes(), b"\r\n"].concat(), None)?;
+            return Ok(self.get(key)?.is_none());
+        }
+        self.send(&delete_request(key, cond), None)?;
+        self.read_delete_reply(cond)
+    }
+
+    /// The reply to one `md`: whether `cond` held (see [`Kv::delete_cond`]).
+    fn read_delete_reply(&mut self, cond: Cond) -> Result<bool> {
         let line = self.read_line()?.to_owned();
         match line.as_str() {
             "HD" => Ok(true),
@@ -790,6 +892,25 @@ impl MetaConn {
             _ => Err(FsError::Io(format!("{}: unexpected reply {line:?}", self.node))),
         }
     }
+}
+
+/// `ms <key> <len> [ME|C<version>] c` and the value, as one request.
+fn set_request(key: &[u8], value: &[u8], cond: Cond) -> Vec<u8> {
+    let flags = match cond {
+        Cond::Always => String::new(),
+        Cond::Absent => " ME".to_owned(),
+        Cond::Version(v) => format!(" C{v}"),
+    };
+    [b"ms ", key, format!(" {}{flags} c\r\n", value.len()).as_bytes(), value, b"\r\n"].concat()
+}
+
+/// `md <key> [C<version>]` (not for [`Cond::Absent`], which is no single request).
+fn delete_request(key: &[u8], cond: Cond) -> Vec<u8> {
+    let flags = match cond {
+        Cond::Version(v) => format!(" C{v}"),
+        Cond::Absent | Cond::Always => String::new(),
+    };
+    [b"md ", key, flags.as_bytes(), b"\r\n"].concat()
 }
 
 fn cas_flag<'a>(mut words: impl Iterator<Item = &'a str>) -> Option<u64> {

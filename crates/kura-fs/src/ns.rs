@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::Fs;
 use crate::error::{FsError, Result};
-use crate::kv::{Cond, Versioned};
+use crate::kv::{Cond, Versioned, WriteOp};
 use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, SYMLINK_BYTES_MAX, bucket_of, check_name, dtype_of, file_type, is_dir};
 
 /// CAS retries of one record before the operation gives up with `EIO` (contention this high
@@ -392,10 +392,20 @@ impl Fs {
     /// Applies `change` to the bucket of `dir` holding `name` by compare-and-swap. The first
     /// try starts from the bucket as this process last read or wrote it, as
     /// [`Fs::update_inode`] does.
-    fn update_bucket<T>(&self, dir: u64, name: &[u8], mut change: impl FnMut(&mut Bucket) -> Result<T>) -> Result<T> {
+    fn update_bucket<T>(&self, dir: u64, name: &[u8], change: impl FnMut(&mut Bucket) -> Result<T>) -> Result<T> {
+        Ok(self.update_bucket_touching(dir, name, change, false)?.0)
+    }
+
+    /// [`Fs::update_bucket`], and with `touch` the directory's times set to now: when this
+    /// process has a copy of the directory's record and the bucket is written (not deleted),
+    /// both compare-and-swaps go out together, one round trip (a time set by a swap whose
+    /// bucket then lost the race is a change the directory did see, another process's).
+    /// `true` with the result when the times were set; otherwise the caller sets them.
+    fn update_bucket_touching<T>(&self, dir: u64, name: &[u8], mut change: impl FnMut(&mut Bucket) -> Result<T>, touch: bool) -> Result<(T, bool)> {
         let bucket = bucket_of(name);
         let key = self.keys.bucket(dir, bucket);
         let mut recent = self.recent_buckets.lock().take((dir, bucket)).map(|(record, _)| record);
+        let mut touched = false;
         for _ in 0..CAS_RETRIES_MAX {
             let ((mut entries, version), from_copy) = match recent.take() {
                 Some(record) => match self.decode_bucket(dir, bucket, &record) {
@@ -409,25 +419,40 @@ impl Fs {
                 out => out?,
             };
             let cond = version.map_or(Cond::Absent, Cond::Version);
-            let done = if entries.entries.is_empty() && version.is_some() {
-                let deleted = self.kv.delete_cond(&key, cond)?;
-                if deleted {
-                    self.remember_bucket(dir, bucket, None);
-                }
-                deleted
-            } else {
-                let encoded = entries.encode();
-                match self.kv.put_cond(&key, &encoded, cond)? {
-                    Some(new_version) => {
-                        self.remember_bucket(dir, bucket, Some((encoded, new_version)));
-                        true
-                    }
-                    None => false,
-                }
+            // A bucket left empty is deleted.
+            let encoded = (!entries.entries.is_empty() || version.is_none()).then(|| entries.encode());
+            let write = match &encoded {
+                Some(bytes) => WriteOp::Put(&key, bytes, cond),
+                None => WriteOp::Delete(&key, cond),
             };
+            let parent = if touch && !touched { self.recent_inodes.lock().get(&dir).map(|(inode, version, _)| (inode.clone(), *version)) } else { None };
+            let written = match parent {
+                Some((mut parent, parent_version)) => {
+                    let now = now_ns();
+                    parent.mtime_ns = now;
+                    parent.ctime_ns = now;
+                    let (parent_key, parent_bytes) = (self.keys.inode(dir), parent.encode());
+                    let results = self.kv.write_many(&[write, WriteOp::Put(&parent_key, &parent_bytes, Cond::Version(parent_version))])?;
+                    match results.get(1).copied().flatten() {
+                        Some(new_version) => {
+                            self.remember_inode(&parent, new_version);
+                            touched = true;
+                        }
+                        None => {
+                            self.recent_inodes.lock().remove(&dir);
+                        }
+                    }
+                    results.first().copied().flatten()
+                }
+                None => write.apply(&*self.kv)?,
+            };
+            let done = written.is_some();
+            if let Some(new_version) = written {
+                self.remember_bucket(dir, bucket, encoded.map(|bytes| (bytes, new_version)));
+            }
             if done {
                 self.memo.note(dir, name, entries.find(name));
-                return Ok(out);
+                return Ok((out, touched));
             }
         }
         Err(FsError::Io(format!("directory {dir}: too much contention")))
@@ -580,16 +605,23 @@ impl Fs {
             None => return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino))),
         }
         let entry = DirEntry { name: name.to_vec(), ino: inode.ino, dtype: dtype_of(mode) };
-        let added = self.update_bucket(dir, name, |b| match b.find(name) {
-            Some(e) => Ok(Some(e.clone())),
-            None => {
-                b.upsert(entry.clone());
-                Ok(None)
-            }
-        });
-        match added {
-            Ok(None) => {}
-            Ok(Some(existing)) => {
+        // A new directory adds a link to its parent, which must follow the entry: only other
+        // files' times go with it.
+        let added = self.update_bucket_touching(
+            dir,
+            name,
+            |b| match b.find(name) {
+                Some(e) => Ok(Some(e.clone())),
+                None => {
+                    b.upsert(entry.clone());
+                    Ok(None)
+                }
+            },
+            !is_dir(mode),
+        );
+        let touched = match added {
+            Ok((None, touched)) => touched,
+            Ok((Some(existing), _)) => {
                 // Another process created it first.
                 self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
                 if exclusive {
@@ -601,8 +633,10 @@ impl Fs {
                 self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
                 return Err(e);
             }
+        };
+        if !touched {
+            self.touch_dir(dir, if is_dir(mode) { 1 } else { 0 })?;
         }
-        self.touch_dir(dir, if is_dir(mode) { 1 } else { 0 })?;
         Ok((inode, true))
     }
 
@@ -641,18 +675,26 @@ impl Fs {
             Ok(())
         })?;
         let entry = DirEntry { name: name.to_vec(), ino, dtype: dtype_of(inode.mode) };
-        let added = self.update_bucket(dir, name, |b| {
-            if b.find(name).is_some() {
-                return Err(FsError::Exists);
+        let added = self.update_bucket_touching(
+            dir,
+            name,
+            |b| {
+                if b.find(name).is_some() {
+                    return Err(FsError::Exists);
+                }
+                b.upsert(entry.clone());
+                Ok(())
+            },
+            true,
+        );
+        match added {
+            Err(e) => {
+                self.drop_link(ino)?;
+                return Err(e);
             }
-            b.upsert(entry.clone());
-            Ok(())
-        });
-        if let Err(e) = added {
-            self.drop_link(ino)?;
-            return Err(e);
+            Ok(((), false)) => self.touch_dir(dir, 0)?,
+            Ok(((), true)) => {}
         }
-        self.touch_dir(dir, 0)?;
         let mut inode = inode;
         self.overlay_local(&mut inode);
         Ok(inode)
@@ -660,8 +702,10 @@ impl Fs {
 
     /// Removes the non-directory `dir/name`.
     pub fn unlink(&self, dir: u64, name: &[u8]) -> Result<()> {
-        let removed = self.remove_entry(dir, name, |entry| if entry.dtype == libc::DT_DIR { Err(FsError::IsDir) } else { Ok(()) })?;
-        self.touch_dir(dir, 0)?;
+        let (removed, touched) = self.remove_entry(dir, name, |entry| if entry.dtype == libc::DT_DIR { Err(FsError::IsDir) } else { Ok(()) }, true)?;
+        if !touched {
+            self.touch_dir(dir, 0)?;
+        }
         self.drop_link(removed.ino)
     }
 
@@ -673,7 +717,7 @@ impl Fs {
         if name == b".." {
             return Err(FsError::NotEmpty);
         }
-        let removed = self.remove_entry(dir, name, |entry| {
+        let (removed, _) = self.remove_entry(dir, name, |entry| {
             if entry.dtype != libc::DT_DIR {
                 return Err(FsError::NotDir);
             }
@@ -681,7 +725,7 @@ impl Fs {
                 return Err(FsError::NotEmpty);
             }
             Ok(())
-        })?;
+        }, false)?;
         self.touch_dir(dir, -1)?;
         self.kv.delete_cond(&self.keys.inode(removed.ino), Cond::Always)?;
         self.forget_node(removed.ino);
@@ -691,17 +735,24 @@ impl Fs {
 
     /// Removes the entry `name` of `dir` if `check` allows, by compare-and-swap on the entry
     /// as looked up (from the walk's copy of the bucket when there is one: an entry that
-    /// copy no longer matches is looked up again, and checked again).
-    fn remove_entry(&self, dir: u64, name: &[u8], check: impl Fn(&DirEntry) -> Result<()>) -> Result<DirEntry> {
+    /// copy no longer matches is looked up again, and checked again); with `touch`, setting
+    /// the directory's times in the same round trip when it can (see
+    /// [`Fs::update_bucket_touching`]: `true` when it did).
+    fn remove_entry(&self, dir: u64, name: &[u8], check: impl Fn(&DirEntry) -> Result<()>, touch: bool) -> Result<(DirEntry, bool)> {
         let (mut entry, mut copied) = self.lookup_fresh(dir, name)?.ok_or(FsError::NotFound)?;
         loop {
             check(&entry)?;
-            let removed = self.update_bucket(dir, name, |b| match b.find(name) {
-                Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
-                Some(_) | None => Ok(None),
-            })?;
+            let (removed, touched) = self.update_bucket_touching(
+                dir,
+                name,
+                |b| match b.find(name) {
+                    Some(e) if e.ino == entry.ino => Ok(b.remove(name)),
+                    Some(_) | None => Ok(None),
+                },
+                touch,
+            )?;
             match removed {
-                Some(removed) => return Ok(removed),
+                Some(removed) => return Ok((removed, touched)),
                 None if copied => (entry, copied) = (self.lookup(dir, name)?.ok_or(FsError::NotFound)?, false),
                 None => return Err(FsError::NotFound),
             }

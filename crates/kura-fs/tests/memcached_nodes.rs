@@ -1,7 +1,8 @@
 //! [`PoolKv`]'s metadata calls on real memcached servers (`memcached://` nodes): a batch of
 //! versioned gets spread over two nodes goes out pipelined, one write per node, and answers
 //! exactly as the same gets one by one — values, versions, missing keys — and the
-//! connection stays usable after it; `statfs` reports the nodes' room (`limit_maxbytes`,
+//! connection stays usable after it; a batch of conditional writes decides each as the same
+//! writes one by one; `statfs` reports the nodes' room (`limit_maxbytes`,
 //! `bytes`). Without `memcached` the tests skip.
 
 use std::process::{Command, Stdio};
@@ -71,6 +72,50 @@ fn batched_versioned_gets_over_two_nodes_match_single_gets() {
     assert!(kv.put_cond(key, b"new", Cond::Version(version)).expect("cas").is_some());
     assert!(kv.put_cond(key, b"newer", Cond::Version(version)).expect("cas").is_none(), "a stale version fails");
     assert!(kv.get_versioned_many(&[]).expect("an empty batch").is_empty());
+}
+
+/// A batch of conditional writes over two nodes (pipelined per run of one node) decides each
+/// write as the same writes one by one decide them, on a twin set of keys.
+#[test]
+fn batched_writes_over_two_nodes_match_single_writes() {
+    use kura_fs::kv::WriteOp;
+    let (Some(a), Some(b)) = (memcached(), memcached()) else { return };
+    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
+    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
+    let kv = PoolKv::new(pool).expect("memcached nodes are accepted");
+    let twins = ["batched", "single"];
+    let key = |twin: &str, i: usize| format!("write/{twin}/{i}").into_bytes();
+    // Keys 0..10 hold a value first; 10..20 do not.
+    let mut versions = Vec::new();
+    for twin in twins {
+        versions.push((0..10).map(|i| kv.put_cond(&key(twin, i), b"first", Cond::Always).unwrap().unwrap()).collect::<Vec<_>>());
+    }
+    let outcomes = |twin: usize, batched: bool| {
+        let keys: Vec<Vec<u8>> = (0..20).map(|i| key(twins[twin], i)).collect();
+        let v = &versions[twin];
+        let writes = [
+            WriteOp::Put(&keys[0], b"cas right", Cond::Version(v[0])),
+            WriteOp::Put(&keys[1], b"cas stale", Cond::Version(v[1] + 1000)),
+            WriteOp::Put(&keys[2], b"add over a value", Cond::Absent),
+            WriteOp::Put(&keys[10], b"add", Cond::Absent),
+            WriteOp::Delete(&keys[3], Cond::Version(v[3])),
+            WriteOp::Delete(&keys[4], Cond::Version(v[4] + 1000)),
+            WriteOp::Delete(&keys[11], Cond::Always),
+            WriteOp::Put(&keys[5], b"always", Cond::Always),
+            WriteOp::Delete(&keys[6], Cond::Always),
+        ];
+        let results = if batched { kv.write_many(&writes).unwrap() } else { writes.iter().map(|w| w.apply(&kv).unwrap()).collect() };
+        let decided: Vec<bool> = results.iter().map(Option::is_some).collect();
+        let stored: Vec<Option<Vec<u8>>> = keys.iter().map(|k| kv.get_versioned(k).unwrap().map(|(value, _)| value)).collect();
+        (decided, stored)
+    };
+    let nodes: std::collections::HashSet<_> = (0..20).map(|i| kv.pool().node_of(&key("batched", i)).addrs[0].clone()).collect();
+    assert_eq!(nodes.len(), 2, "the keys are spread over both nodes");
+    let (batched, single) = (outcomes(0, true), outcomes(1, false));
+    assert_eq!(batched, single);
+    assert_eq!(batched.0, [true, false, false, true, true, false, true, true, true]);
+    // The connection serves the next request.
+    assert!(kv.get_versioned(&key("batched", 0)).unwrap().is_some_and(|(value, _)| value == b"cas right"));
 }
 
 #[test]

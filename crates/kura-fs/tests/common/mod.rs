@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kura_fs::kv::Versioned;
+use kura_fs::kv::{Versioned, WriteOp};
 use kura_fs::{Cond, Kv, PoolKv, PoolSpace};
 use kura_pool::{Pool, PoolConfig};
 use kura_testkit::{require_cmd, spawn_listening};
@@ -48,6 +48,10 @@ impl Kv for Counted {
     fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> kura_fs::Result<Option<u64>> {
         self.write();
         self.inner.put_cond(key, value, cond)
+    }
+    fn write_many(&self, writes: &[WriteOp]) -> kura_fs::Result<Vec<Option<u64>>> {
+        self.write();
+        self.inner.write_many(writes)
     }
     fn delete_cond(&self, key: &[u8], cond: Cond) -> kura_fs::Result<bool> {
         self.write();
