@@ -339,9 +339,7 @@ fn lock_file(dir: &Path, name: &str) -> anyhow::Result<File> {
 }
 
 fn server_alive(dir: &Path) -> Option<ServerInfo> {
-    let mut text = String::new();
-    File::open(dir.join("server.json")).ok()?.read_to_string(&mut text).ok()?;
-    let info: ServerInfo = serde_json::from_str(&text).ok()?;
+    let info = server_info(dir)?;
     let alive = Path::new(&format!("/proc/{}", info.pid)).exists();
     let accepting = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], info.port).into(), Duration::from_millis(500)).is_ok();
     (alive && accepting).then_some(info)
@@ -361,7 +359,44 @@ fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
     if let Some(info) = server_alive(dir) {
         return Ok((info.port, users));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    // The port the last server of this directory had, when it is free: the pool's address
+    // then stays the same from run to run, and with it what this host keeps per file system
+    // and pool (lock files, the table of names, see `kura_fs::FsConfig::host_files_prefix`).
+    // Taken meanwhile by another program, the server is started again on a new port.
+    let previous = fs::read_to_string(dir.join(LAST_PORT_FILE)).ok().and_then(|text| text.trim().parse::<u16>().ok()).filter(|&port| port != 0 && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    let port = match previous.map(|port| (port, start_server(dir, size, port))) {
+        Some((port, Ok(()))) => port,
+        Some((port, Err(error))) => {
+            tracing::debug!(port, %error, "the previous port did not serve; starting on a new one");
+            let port = free_port()?;
+            start_server(dir, size, port)?;
+            port
+        }
+        None => {
+            let port = free_port()?;
+            start_server(dir, size, port)?;
+            port
+        }
+    };
+    Ok((port, users))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The port the local server of a data directory last listened on (kept after it stops).
+const LAST_PORT_FILE: &str = "last-port";
+
+/// The local server's record (`server.json`, removed when it stops).
+fn server_info(dir: &Path) -> Option<ServerInfo> {
+    let mut text = String::new();
+    File::open(dir.join("server.json")).ok()?.read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Starts the local server on `port` and records it, once it accepts connections.
+fn start_server(dir: &Path, size: &str, port: u16) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let log = File::create(dir.join("server.log"))?;
     let mut cmd = Command::new(exe);
@@ -372,20 +407,21 @@ fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
         .stderr(log)
         .env_remove("LD_PRELOAD")
         .process_group(0);
-    let child = cmd.spawn().context("cannot start kura serve")?;
+    let mut child = cmd.spawn().context("cannot start kura serve")?;
     let info = ServerInfo { pid: child.id(), port };
     let deadline = Instant::now() + Duration::from_secs(SERVER_START_TIMEOUT_S);
     while std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_err() {
-        if Instant::now() > deadline || !Path::new(&format!("/proc/{}", info.pid)).exists() {
+        if Instant::now() > deadline || !matches!(child.try_wait(), Ok(None)) {
             bail!("the local kura server did not start; see {}", dir.join("server.log").display());
         }
         std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
     }
     let mut f = File::create(dir.join("server.json"))?;
     f.write_all(serde_json::to_string(&info)?.as_bytes())?;
+    fs::write(dir.join(LAST_PORT_FILE), format!("{port}\n"))?;
     // The server outlives this process (it is reaped by init): forget the child handle.
     std::mem::forget(child);
-    Ok((port, users))
+    Ok(())
 }
 
 /// This user is done: stop the local server when no other user holds the lock.

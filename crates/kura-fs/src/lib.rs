@@ -132,6 +132,27 @@ pub struct FsConfig {
     /// they share the names they have seen as hints for their path walks (see
     /// [`memo::SharedNames`]); the preload sets it. `None`: each process learns names alone.
     pub shared_names_path: Option<std::path::PathBuf>,
+    /// Where this host keeps files that stand for inodes (a lock file, a FIFO, a shared
+    /// mapping's backing, a program's text lock, a loaded library's copy): the start of
+    /// their paths, to which the inode number in hex and one of [`host_files::ALL`] are
+    /// added; the preload sets it. A file deleted by this process has them removed (see
+    /// [`Fs::remove_host_files`]). `None`: there are none.
+    pub host_files_prefix: Option<std::path::PathBuf>,
+}
+
+/// The endings of the host files of an inode (see [`FsConfig::host_files_prefix`]).
+pub mod host_files {
+    /// The lock file of `flock` and `fcntl` locks.
+    pub const LOCK: &str = "";
+    /// A shared mapping's backing file.
+    pub const MAP: &str = ".map";
+    /// A loaded library's copy.
+    pub const LIBRARY: &str = ".so";
+    /// A running program's text lock.
+    pub const TEXT: &str = ".text";
+    /// The kernel FIFO standing for a kura FIFO.
+    pub const FIFO: &str = ".fifo";
+    pub const ALL: [&str; 5] = [LOCK, MAP, LIBRARY, TEXT, FIFO];
 }
 
 impl Default for FsConfig {
@@ -145,6 +166,7 @@ impl Default for FsConfig {
             readahead_pages: READAHEAD_PAGES_DEFAULT,
             shared_io_lock_path: None,
             shared_names_path: None,
+            host_files_prefix: None,
         }
     }
 }

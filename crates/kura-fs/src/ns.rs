@@ -730,6 +730,7 @@ impl Fs {
         self.kv.delete_cond(&self.keys.inode(removed.ino), Cond::Always)?;
         self.forget_node(removed.ino);
         self.recent_buckets.lock().forget_dir(removed.ino);
+        self.remove_host_files(removed.ino);
         Ok(())
     }
 
@@ -806,7 +807,25 @@ impl Fs {
             self.delete_chunks(ino, inode.size)?;
         }
         self.forget_node(ino);
+        self.remove_host_files(ino);
         Ok(true)
+    }
+
+    /// Removes this host's files standing for deleted inode `ino` (see
+    /// [`crate::FsConfig::host_files_prefix`]), so that they do not pile up; those of other
+    /// hosts stay. Nobody can open the inode any more (it has no name and no opener), and a
+    /// process that still has one of them open keeps it as the kernel keeps an unlinked file.
+    pub(crate) fn remove_host_files(&self, ino: u64) {
+        let Some(prefix) = &self.config.host_files_prefix else { return };
+        for suffix in crate::host_files::ALL {
+            let mut path = prefix.clone().into_os_string();
+            path.push(format!("{ino:x}{suffix}"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::trace!(ino, ?path, "host file removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => tracing::debug!(ino, ?path, %error, "could not remove a host file"),
+            }
+        }
     }
 
     /// Deletes the chunks of a file of `size` bytes (and any this process holds beyond it).
@@ -828,6 +847,7 @@ impl Fs {
         }
         self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
         self.forget_node(inode.ino);
+        self.remove_host_files(inode.ino);
         Ok(())
     }
 

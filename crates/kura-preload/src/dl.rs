@@ -206,7 +206,7 @@ fn copy_of(state: &State, fd: c_int) -> Option<(*const c_char, u64)> {
     if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return None;
     }
-    let (_, target) = crate::fds::host_file_path(st.st_ino, ".so");
+    let (_, target) = crate::fds::host_file_path(st.st_ino, kura_fs::host_files::LIBRARY);
     if !current(&target, &st) {
         refresh(fd, &target, &st)?;
     }

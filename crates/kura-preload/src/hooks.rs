@@ -584,7 +584,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
 /// the inode's lock file: processes of the host that open the kura FIFO meet there, as they
 /// would at a FIFO of the kernel's.
 fn host_fifo(ino: u64) -> Result<Vec<u8>, i32> {
-    let (_, path) = fds::host_file_path(ino, ".fifo");
+    let (_, path) = fds::host_file_path(ino, kura_fs::host_files::FIFO);
     // SAFETY: a NUL-terminated path of ours.
     if unsafe { crate::raw_syscall!(libc::SYS_mknodat, libc::AT_FDCWD, path.as_ptr(), libc::S_IFIFO | 0o666, 0) } == 0 {
         // Not narrowed by the umask: kura checked the caller's permission on its own node.

@@ -113,7 +113,7 @@ impl Drop for Turn {
 }
 
 fn backing_path(ino: u64) -> Vec<u8> {
-    crate::fds::host_file_path(ino, ".map").1
+    crate::fds::host_file_path(ino, kura_fs::host_files::MAP).1
 }
 
 fn file_size(fd: c_int) -> Result<u64, i32> {

@@ -242,6 +242,8 @@ pub fn init() {
     // SAFETY: geteuid cannot fail and touches no memory.
     let uid = unsafe { libc::geteuid() };
     fs_config.shared_names_path = Some(format!("{}/{:016x}.names.{uid}", crate::fds::lock_dir(), crate::fds::fs_tag()).into());
+    // The lock files and those beside them (see `fds::host_file_name`), removed with their inode.
+    fs_config.host_files_prefix = Some(format!("{}/{:016x}-", crate::fds::lock_dir(), crate::fds::fs_tag()).into());
     let pool_urls: Vec<String> = env("KURA_FS_POOL").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     let embedded = pool_urls.is_empty() || pool_urls.iter().any(|u| u.starts_with("embedded:"));
     let sock_prefix = crate::sock::name_prefix(&fs_config.name, &pool_urls);

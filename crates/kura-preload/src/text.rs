@@ -16,7 +16,7 @@ use crate::hooks::raw;
 /// environment at load).
 pub const TEXT_ENV: &str = "KURA_FS_TEXT";
 /// The text lock file's suffix beside the inode's lock file.
-const TEXT_SUFFIX: &str = ".text";
+const TEXT_SUFFIX: &str = kura_fs::host_files::TEXT;
 
 fn byte_zero(kind: c_int) -> libc::flock {
     libc::flock { l_type: kind as i16, l_whence: libc::SEEK_SET as i16, l_start: 0, l_len: 1, l_pid: 0 }

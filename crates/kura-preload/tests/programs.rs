@@ -133,6 +133,41 @@ fn redirections_onto_low_descriptors_leave_the_pool_alone() {
     assert_eq!(out, "a\nb\nc\na\nb\nc\n");
 }
 
+/// The files this host keeps for an inode — its lock file (flock), the kernel FIFO standing
+/// for a kura FIFO, a program's text lock — are removed when the inode is deleted, by `rm` and
+/// by the last close of a file unlinked while open; before, every file ever locked left one
+/// in the lock directory for good.
+#[test]
+fn host_files_go_with_their_inode() {
+    if !have("flock") {
+        return kura_testkit::skip("no flock(1) (util-linux)");
+    }
+    let env = Env::new();
+    let inos = env.sh(
+        "cp /bin/true /kura/prog && chmod +x /kura/prog && /kura/prog
+         echo x > /kura/f && flock /kura/f true
+         mkfifo /kura/p && (echo through > /kura/p &) && cat /kura/p > /dev/null
+         echo y > /kura/g && flock /kura/g true
+         stat -c %i /kura/prog /kura/f /kura/p /kura/g",
+    );
+    let inos: Vec<u64> = inos.lines().map(|l| l.trim().parse().expect("an inode number")).collect();
+    let locks = env.dir.path().join("locks");
+    let host_files = |ino: u64| -> Vec<String> {
+        std::fs::read_dir(&locks)
+            .expect("the lock directory")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.split_once('-').is_some_and(|(_, rest)| rest.split('.').next() == Some(&format!("{ino:x}"))))
+            .collect()
+    };
+    for &ino in &inos {
+        assert!(!host_files(ino).is_empty(), "inode {ino} has a host file while it exists");
+    }
+    // g: unlinked while a shell holds it open, gone at that shell's close.
+    env.sh("rm /kura/prog /kura/f /kura/p; exec 3</kura/g; rm /kura/g; cat <&3 >/dev/null; exec 3<&-");
+    let left: Vec<String> = inos.iter().flat_map(|&ino| host_files(ino)).collect();
+    assert_eq!(left, Vec::<String>::new(), "host files outlived their inodes {inos:?}");
+}
+
 /// `flock` belongs to the open file description, as Linux's: a lock flock(1) takes through a
 /// descriptor the shell keeps (`exec 9>f; flock 9`: a new image) stays held until the shell
 /// closes it; a subshell's lock on an inherited descriptor is its parent's too; dup'd
