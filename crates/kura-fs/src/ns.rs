@@ -513,11 +513,7 @@ impl Fs {
     /// opener seen at the open): those write through to the pool and are read from it.
     pub fn getattr_open(&self, ino: u64) -> Result<Inode> {
         let private = self.nodes.lock().get(&ino).is_some_and(|node| !node.is_shared());
-        let fresh = if private {
-            self.recent_inodes.lock().get(&ino).filter(|(_, _, at)| at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)).map(|(inode, _, _)| inode.clone())
-        } else {
-            None
-        };
+        let fresh = if private { self.fresh_inode(ino) } else { None };
         match fresh {
             Some(mut inode) => {
                 self.overlay_local(&mut inode);

@@ -133,8 +133,7 @@ impl Fs {
     /// Resolves `path` (relative: to directory `start`; absolute paths are the caller's to
     /// strip of the mount prefix first) with `mount` the prefix for absolute symlink targets.
     pub fn resolve(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
-        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode: false, want_parent: false };
-        self.walk(start, path, follow, mount, plan).map(|(resolved, _)| resolved)
+        self.walk(start, path, follow, mount, Plan::of(follow, path, false, false)).map(|(resolved, _)| resolved)
     }
 
     /// [`Fs::resolve`] and the inode the path names (with `Found`, and only with it; as
@@ -158,12 +157,11 @@ impl Fs {
     /// reads the inode of the last directory, as [`Fs::resolve_for_change`] does, and not the
     /// inode of an existing last name.
     pub fn resolve_parent(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
-        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode: false, want_parent: true };
-        self.walk(start, path, follow, mount, plan).map(|(resolved, _)| resolved)
+        self.walk(start, path, follow, mount, Plan::of(follow, path, false, true)).map(|(resolved, _)| resolved)
     }
 
     fn resolve_inode_as(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_parent: bool) -> Result<(Resolved, Option<Inode>)> {
-        let plan = Plan { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode: true, want_parent };
+        let plan = Plan::of(follow, path, true, want_parent);
         for _ in 0..RESOLVE_RETRIES_MAX {
             match self.walk(start, path, follow, mount, plan)? {
                 (resolved @ Resolved::Found { .. }, Some(None)) => tracing::trace!(?resolved, "inode gone after its lookup; resolving again"),
@@ -286,8 +284,9 @@ impl Fs {
     /// The records a walk will read from here if the names it is about to look up still lead
     /// where they did: `lead`'s inode first (the start directory, checked to be one), then for
     /// each component its directory's inode (with a search check, or for the last one with
-    /// `plan.want_parent`) and the bucket holding the name, and the inode of the last one. Stops at the first name this process has not
-    /// seen, at `..`, and at anything but a directory before the last component.
+    /// `plan.want_parent`) and the bucket holding the name, and the inode of the last one.
+    /// Stops at the first name this process has not seen, at `..`, and at anything but a
+    /// directory before the last component.
     fn predict(&self, lead: Option<u64>, dir: u64, todo: &[Vec<u8>], plan: Plan) -> Vec<Vec<u8>> {
         let mut keys = Vec::new();
         if let Some(ino) = lead {
@@ -414,6 +413,13 @@ struct Plan {
     want_inode: bool,
     /// The inode of the last component's directory.
     want_parent: bool,
+}
+
+impl Plan {
+    /// What a walk of `path` under `follow` reads, with the last inode and its directory's.
+    fn of(follow: Follow, path: &[u8], want_inode: bool, want_parent: bool) -> Self {
+        Self { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode, want_parent }
+    }
 }
 
 fn is_dir_type(e: &DirEntry) -> bool {
