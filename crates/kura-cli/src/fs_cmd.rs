@@ -364,25 +364,15 @@ fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
     // and pool (lock files, the table of names, see `kura_fs::FsConfig::host_files_prefix`).
     // Taken meanwhile by another program, the server is started again on a new port.
     let previous = fs::read_to_string(dir.join(LAST_PORT_FILE)).ok().and_then(|text| text.trim().parse::<u16>().ok()).filter(|&port| port != 0 && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
-    let port = match previous.map(|port| (port, start_server(dir, size, port))) {
-        Some((port, Ok(()))) => port,
-        Some((port, Err(error))) => {
-            tracing::debug!(port, %error, "the previous port did not serve; starting on a new one");
-            let port = free_port()?;
-            start_server(dir, size, port)?;
-            port
+    if let Some(port) = previous {
+        match start_server(dir, size, port) {
+            Ok(()) => return Ok((port, users)),
+            Err(error) => tracing::debug!(port, %error, "the previous port did not serve; starting on a new one"),
         }
-        None => {
-            let port = free_port()?;
-            start_server(dir, size, port)?;
-            port
-        }
-    };
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    start_server(dir, size, port)?;
     Ok((port, users))
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The port the local server of a data directory last listened on (kept after it stops).

@@ -426,10 +426,10 @@ impl Fs {
         inner.opens += 1;
         let first = inner.opens == 1;
         drop(inner);
-        if first && !*registered && created {
-            *registered = true;
-        } else if first && !*registered {
-            match self.register_opener(inode.ino) {
+        if first && !*registered {
+            // A file this process just made lists it already, alone.
+            let recorded = if created { Ok((true, false)) } else { self.register_opener(inode.ino) };
+            match recorded {
                 Ok((recorded, elsewhere)) => {
                     *registered = recorded;
                     if elsewhere {

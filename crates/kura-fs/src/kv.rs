@@ -40,6 +40,7 @@ use std::time::Duration;
 use kura_engine::{Condition, Engine, RecordKind, WriteOutcome};
 use kura_pool::{Backend, Context, NodeSpec, Outcome, Pool};
 
+use crate::bounded::BytesBounded;
 use crate::error::{FsError, Result, is_out_of_space};
 
 pub mod redis;
@@ -217,8 +218,7 @@ struct MetaCache {
 
 #[derive(Debug, Default)]
 struct MetaCacheInner {
-    records: HashMap<Vec<u8>, Versioned>,
-    bytes: usize,
+    records: BytesBounded<Vec<u8>, Versioned, META_CACHE_BYTES_MAX>,
     /// Changes made so far (see [`MetaCache::fill`]).
     writes: u64,
 }
@@ -230,20 +230,7 @@ impl MetaCacheInner {
 
     fn put(&mut self, key: &[u8], record: Versioned) {
         let charge = Self::charge(key, &record);
-        if let Some(old) = self.records.insert(key.to_vec(), record) {
-            self.bytes -= Self::charge(key, &old);
-        }
-        self.bytes += charge;
-        if self.bytes > META_CACHE_BYTES_MAX {
-            self.records.clear();
-            self.bytes = 0;
-        }
-    }
-
-    fn remove(&mut self, key: &[u8]) {
-        if let Some(old) = self.records.remove(key) {
-            self.bytes -= Self::charge(key, &old);
-        }
+        self.records.insert(key.to_vec(), record, charge);
     }
 }
 
@@ -272,7 +259,9 @@ impl MetaCache {
         inner.writes += 1;
         match record {
             Some(record) => inner.put(key, record),
-            None => inner.remove(key),
+            None => {
+                inner.records.remove(key);
+            }
         }
     }
 
@@ -281,7 +270,7 @@ impl MetaCache {
         let mut inner = self.inner.lock();
         inner.writes += 1;
         for key in keys {
-            inner.remove(key);
+            inner.records.remove(key);
         }
     }
 }
@@ -338,6 +327,20 @@ impl PoolKv {
             Ok(result) => result,
             Err(_) => (f.take().expect("not called"))(&mut self.pool.context()?),
         }
+    }
+
+    /// The runs of consecutive keys (of `count`, the `i`th `key_of(i)`) placed on one node, in
+    /// order: what one node is asked together before the next node is.
+    fn node_runs<'k>(&self, count: usize, key_of: impl Fn(usize) -> &'k [u8]) -> Vec<(&NodeSpec, std::ops::Range<usize>)> {
+        let mut runs: Vec<(&NodeSpec, std::ops::Range<usize>)> = Vec::new();
+        for i in 0..count {
+            let node = self.pool.node_of(key_of(i));
+            match runs.last_mut() {
+                Some((last, run)) if std::ptr::eq(*last, node) => run.end = i + 1,
+                _ => runs.push((node, i..i + 1)),
+            }
+        }
+        runs
     }
 
     /// Runs `f` with this thread's metadata connection to the node `key` is placed on (made on
@@ -431,11 +434,8 @@ impl Kv for PoolKv {
             return keys.iter().map(|key| self.get_versioned(key)).collect();
         }
         let mut out = Vec::with_capacity(keys.len());
-        let mut at = 0;
-        while at < keys.len() {
-            let node = self.pool.node_of(&keys[at]);
-            let run: Vec<&[u8]> = keys[at..].iter().take_while(|key| std::ptr::eq(self.pool.node_of(key), node)).map(Vec::as_slice).collect();
-            at += run.len();
+        for (node, run) in self.node_runs(keys.len(), |i| &keys[i]) {
+            let run: Vec<&[u8]> = keys[run].iter().map(Vec::as_slice).collect();
             out.extend(self.with_meta_node(node, |c| c.get_many(&run))?);
         }
         Ok(out)
@@ -462,12 +462,8 @@ impl Kv for PoolKv {
             return writes.iter().map(|write| write.apply(self)).collect();
         }
         let mut out = Vec::with_capacity(writes.len());
-        let mut at = 0;
-        while at < writes.len() {
-            let node = self.pool.node_of(writes[at].key());
-            let run = writes[at..].iter().take_while(|write| std::ptr::eq(self.pool.node_of(write.key()), node)).count();
-            out.extend(self.with_meta_node(node, |c| c.write_many(&writes[at..at + run]))?);
-            at += run;
+        for (node, run) in self.node_runs(writes.len(), |i| writes[i].key()) {
+            out.extend(self.with_meta_node(node, |c| c.write_many(&writes[run]))?);
         }
         Ok(out)
     }
@@ -661,15 +657,16 @@ impl SideConn {
         }
     }
 
-    /// Several writes: pipelined on memcached, one by one on Redis.
+    /// Several writes: pipelined on memcached, one by one on Redis (and on memcached when a
+    /// delete only if absent, which is no single request, is among them).
     fn write_many(&mut self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
         match self {
-            SideConn::Memcache(c) => c.write_many(writes),
-            SideConn::Redis(c) => writes
+            SideConn::Memcache(c) if !writes.iter().any(|write| matches!(write, WriteOp::Delete(_, Cond::Absent))) => c.write_many(writes),
+            _ => writes
                 .iter()
                 .map(|write| match *write {
-                    WriteOp::Put(key, value, cond) => c.set(key, value, cond),
-                    WriteOp::Delete(key, cond) => Ok(c.delete(key, cond)?.then_some(0)),
+                    WriteOp::Put(key, value, cond) => self.set(key, value, cond),
+                    WriteOp::Delete(key, cond) => Ok(self.delete(key, cond)?.then_some(0)),
                 })
                 .collect(),
         }
@@ -779,20 +776,7 @@ impl MetaConn {
             requests.extend_from_slice(b" v c\r\n");
         }
         self.send(&requests, None)?;
-        // Every reply is read, so that none is left for the next request, unless the
-        // connection itself broke (the caller then drops it).
-        let mut values = Vec::with_capacity(keys.len());
-        let mut first_error = None;
-        for _ in keys {
-            match self.read_get_reply() {
-                Ok(value) => values.push(value),
-                Err(e @ FsError::Io(_)) => return Err(e),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        first_error.map_or(Ok(values), Err)
+        self.read_replies(keys.len(), |c, _| c.read_get_reply())
     }
 
     /// The reply to one `mg <key> v c`.
@@ -821,19 +805,10 @@ impl MetaConn {
         self.read_set_reply()
     }
 
-    /// `ms` and `md` of every write in one send, then their replies in order (all read, as
-    /// [`MetaConn::get_many`] reads them). A delete only if absent is not one request: such a
-    /// batch goes one write at a time.
+    /// `ms` and `md` of every write in one send, then their replies in order (see
+    /// [`MetaConn::read_replies`]); not for a delete only if absent, which is no single
+    /// request ([`SideConn::write_many`] sends such a batch one write at a time).
     fn write_many(&mut self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
-        if writes.iter().any(|write| matches!(write, WriteOp::Delete(_, Cond::Absent))) {
-            return writes
-                .iter()
-                .map(|write| match *write {
-                    WriteOp::Put(key, value, cond) => self.set(key, value, cond),
-                    WriteOp::Delete(key, cond) => Ok(self.delete(key, cond)?.then_some(0)),
-                })
-                .collect();
-        }
         let mut requests = Vec::new();
         for write in writes {
             match *write {
@@ -842,15 +817,21 @@ impl MetaConn {
             }
         }
         self.send(&requests, None)?;
-        let mut out = Vec::with_capacity(writes.len());
+        self.read_replies(writes.len(), |c, i| match writes[i] {
+            WriteOp::Put(..) => c.read_set_reply(),
+            WriteOp::Delete(_, cond) => c.read_delete_reply(cond).map(|deleted| deleted.then_some(0)),
+        })
+    }
+
+    /// The replies to `count` pipelined requests, the `i`th read by `read(self, i)`. Every
+    /// reply is read, so that none is left for the next request, unless the connection itself
+    /// broke (the caller then drops it); the first other error is returned after them.
+    fn read_replies<T>(&mut self, count: usize, mut read: impl FnMut(&mut Self, usize) -> Result<T>) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(count);
         let mut first_error = None;
-        for write in writes {
-            let reply = match *write {
-                WriteOp::Put(..) => self.read_set_reply(),
-                WriteOp::Delete(_, cond) => self.read_delete_reply(cond).map(|deleted| deleted.then_some(0)),
-            };
-            match reply {
-                Ok(version) => out.push(version),
+        for i in 0..count {
+            match read(self, i) {
+                Ok(reply) => out.push(reply),
                 Err(e @ FsError::Io(_)) => return Err(e),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -952,11 +933,11 @@ mod tests {
         for i in 0..(2 * META_CACHE_BYTES_MAX / value.len()) {
             let began = cache.begin_read();
             cache.fill(format!("key{i}").as_bytes(), &Some((value.clone(), i as u64)), began);
-            assert!(cache.inner.lock().bytes <= META_CACHE_BYTES_MAX);
+            assert!(cache.inner.lock().records.bytes() <= META_CACHE_BYTES_MAX);
         }
         let inner = cache.inner.lock();
         let counted: usize = inner.records.iter().map(|(k, r)| super::MetaCacheInner::charge(k, r)).sum();
-        assert_eq!(counted, inner.bytes);
+        assert_eq!(counted, inner.records.bytes());
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! pool, one at a time across the processes of the host ([`Fs::shared_io`]), so each sees
 //! the other's writes at once and appends and shared offsets never overlap, as on Linux.
 
+mod bounded;
 pub mod cache;
 pub mod elf;
 pub mod error;
@@ -136,7 +137,7 @@ pub struct FsConfig {
     /// mapping's backing, a program's text lock, a loaded library's copy): the start of
     /// their paths, to which the inode number in hex and one of [`host_files::ALL`] are
     /// added; the preload sets it. A file deleted by this process has them removed (see
-    /// [`Fs::remove_host_files`]). `None`: there are none.
+    /// [`Fs::forget_deleted`]). `None`: there are none.
     pub host_files_prefix: Option<std::path::PathBuf>,
 }
 

@@ -8,8 +8,10 @@
 //! removes the old name.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::Fs;
+use crate::bounded::BytesBounded;
 use crate::error::{FsError, Result};
 use crate::kv::{Cond, Versioned, WriteOp};
 use crate::layout::{Bucket, DIR_BUCKETS, DirEntry, Inode, NLINK_MAX, ROOT_INO, SYMLINK_BYTES_MAX, bucket_of, check_name, dtype_of, file_type, is_dir};
@@ -44,36 +46,21 @@ const DEPTH_MAX: usize = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct RecentBuckets {
     /// (directory, bucket) → the record (`None`: absent) and when it was read or written.
-    map: std::collections::HashMap<(u64, u32), (Versioned, std::time::Instant)>,
-    bytes: usize,
+    map: BytesBounded<(u64, u32), (Versioned, Instant), RECENT_BUCKETS_BYTES_MAX>,
 }
 
 impl RecentBuckets {
-    fn charge(record: &Versioned) -> usize {
-        64 + record.as_ref().map_or(0, |(bytes, _)| bytes.len())
-    }
-
     fn put(&mut self, key: (u64, u32), record: Versioned) {
-        let charge = Self::charge(&record);
-        if let Some((old, _)) = self.map.remove(&key) {
-            self.bytes -= Self::charge(&old);
-        }
-        if self.bytes + charge > RECENT_BUCKETS_BYTES_MAX {
-            self.map.clear();
-            self.bytes = 0;
-        }
-        self.bytes += charge;
-        self.map.insert(key, (record, std::time::Instant::now()));
+        let charge = 64 + record.as_ref().map_or(0, |(bytes, _)| bytes.len());
+        self.map.insert(key, (record, Instant::now()), charge);
     }
 
-    fn take(&mut self, key: (u64, u32)) -> Option<(Versioned, std::time::Instant)> {
-        let taken = self.map.remove(&key)?;
-        self.bytes -= Self::charge(&taken.0);
-        Some(taken)
+    fn take(&mut self, key: (u64, u32)) -> Option<Versioned> {
+        self.map.remove(&key).map(|(record, _)| record)
     }
 
     fn fresh(&self, key: (u64, u32)) -> Option<Versioned> {
-        self.map.get(&key).filter(|(_, at)| at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)).map(|(record, _)| record.clone())
+        self.map.get(&key).filter(|(_, at)| is_fresh(*at)).map(|(record, _)| record.clone())
     }
 
     pub(crate) fn forget_dir(&mut self, dir: u64) {
@@ -81,6 +68,30 @@ impl RecentBuckets {
             self.take((dir, b));
         }
     }
+}
+
+/// A directory's record after its entries changed: times now, link count moved by
+/// `nlink_delta`.
+fn set_dir_changed(dir: &mut Inode, now: i64, nlink_delta: i32) {
+    dir.mtime_ns = now;
+    dir.ctime_ns = now;
+    dir.nlink = dir.nlink.saturating_add_signed(nlink_delta);
+}
+
+/// `NotDir` unless `inode` is a directory, `NotFound` when it was removed (no link left).
+fn live_dir(inode: &Inode) -> Result<()> {
+    if !is_dir(inode.mode) {
+        return Err(FsError::NotDir);
+    }
+    if inode.nlink == 0 {
+        return Err(FsError::NotFound);
+    }
+    Ok(())
+}
+
+/// Whether a record this process read or wrote at `at` is younger than [`ATTR_FRESH_US`].
+fn is_fresh(at: Instant) -> bool {
+    at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)
 }
 
 /// Attribute changes (`chmod`, `chown`, `truncate`, `utimensat`).
@@ -283,7 +294,7 @@ impl Fs {
     /// The inode record this process read or wrote less than [`ATTR_FRESH_US`] ago (by the
     /// path walk of the call in progress, typically).
     fn fresh_inode(&self, ino: u64) -> Option<Inode> {
-        self.recent_inodes.lock().get(&ino).filter(|(_, _, at)| at.elapsed().as_micros() < u128::from(ATTR_FRESH_US)).map(|(inode, _, _)| inode.clone())
+        self.recent_inodes.lock().get(&ino).filter(|(_, _, at)| is_fresh(*at)).map(|(inode, _, _)| inode.clone())
     }
 
     /// [`Fs::getattr`], answered from the record when this process read or wrote it less than
@@ -371,22 +382,16 @@ impl Fs {
                 (parent, record)
             }
         };
-        let live_dir = |inode: &Inode| is_dir(inode.mode) && inode.nlink > 0;
-        if parent_copied && !live_dir(&parent) {
+        if parent_copied && live_dir(&parent).is_err() {
             parent = self.load_inode(dir)?.0;
         }
-        if !is_dir(parent.mode) {
-            return Err(FsError::NotDir);
-        }
-        if parent.nlink == 0 {
-            return Err(FsError::NotFound);
-        }
-        let mut entry = self.decode_bucket(dir, bucket, &record)?.0.find(name).cloned();
+        live_dir(&parent)?;
+        let entry = self.decode_bucket(dir, bucket, &record)?.0.find(name).cloned();
         if entry.is_some() && record_copied {
             return Ok((parent, self.lookup(dir, name)?));
         }
         self.memo.note(dir, name, entry.as_ref());
-        Ok((parent, entry.take()))
+        Ok((parent, entry))
     }
 
     /// Applies `change` to the bucket of `dir` holding `name` by compare-and-swap. The first
@@ -404,7 +409,7 @@ impl Fs {
     fn update_bucket_touching<T>(&self, dir: u64, name: &[u8], mut change: impl FnMut(&mut Bucket) -> Result<T>, touch: bool) -> Result<(T, bool)> {
         let bucket = bucket_of(name);
         let key = self.keys.bucket(dir, bucket);
-        let mut recent = self.recent_buckets.lock().take((dir, bucket)).map(|(record, _)| record);
+        let mut recent = self.recent_buckets.lock().take((dir, bucket));
         let mut touched = false;
         for _ in 0..CAS_RETRIES_MAX {
             let ((mut entries, version), from_copy) = match recent.take() {
@@ -428,9 +433,7 @@ impl Fs {
             let parent = if touch && !touched { self.recent_inodes.lock().get(&dir).map(|(inode, version, _)| (inode.clone(), *version)) } else { None };
             let written = match parent {
                 Some((mut parent, parent_version)) => {
-                    let now = now_ns();
-                    parent.mtime_ns = now;
-                    parent.ctime_ns = now;
+                    set_dir_changed(&mut parent, now_ns(), 0);
                     let (parent_key, parent_bytes) = (self.keys.inode(dir), parent.encode());
                     let results = self.kv.write_many(&[write, WriteOp::Put(&parent_key, &parent_bytes, Cond::Version(parent_version))])?;
                     match results.get(1).copied().flatten() {
@@ -446,11 +449,8 @@ impl Fs {
                 }
                 None => write.apply(&*self.kv)?,
             };
-            let done = written.is_some();
             if let Some(new_version) = written {
                 self.remember_bucket(dir, bucket, encoded.map(|bytes| (bytes, new_version)));
-            }
-            if done {
                 self.memo.note(dir, name, entries.find(name));
                 return Ok((out, touched));
             }
@@ -526,16 +526,11 @@ impl Fs {
     /// Directory `dir`, checked to be a live one (from the record as read less than
     /// [`ATTR_FRESH_US`] ago, if it was).
     fn dir_inode(&self, dir: u64) -> Result<Inode> {
-        let inode = match self.fresh_inode(dir) {
-            Some(inode) if is_dir(inode.mode) && inode.nlink > 0 => inode,
-            _ => self.load_inode(dir)?.0,
+        let inode = match self.fresh_inode(dir).filter(|inode| live_dir(inode).is_ok()) {
+            Some(inode) => inode,
+            None => self.load_inode(dir)?.0,
         };
-        if !is_dir(inode.mode) {
-            return Err(FsError::NotDir);
-        }
-        if inode.nlink == 0 {
-            return Err(FsError::NotFound);
-        }
+        live_dir(&inode)?;
         Ok(inode)
     }
 
@@ -543,9 +538,7 @@ impl Fs {
     fn touch_dir(&self, dir: u64, nlink_delta: i32) -> Result<()> {
         let now = now_ns();
         self.update_inode(dir, |d| {
-            d.mtime_ns = now;
-            d.ctime_ns = now;
-            d.nlink = d.nlink.saturating_add_signed(nlink_delta);
+            set_dir_changed(d, now, nlink_delta);
             Ok(())
         })
         .map(|_| ())
@@ -724,9 +717,7 @@ impl Fs {
         }, false)?;
         self.touch_dir(dir, -1)?;
         self.kv.delete_cond(&self.keys.inode(removed.ino), Cond::Always)?;
-        self.forget_node(removed.ino);
-        self.recent_buckets.lock().forget_dir(removed.ino);
-        self.remove_host_files(removed.ino);
+        self.forget_deleted(removed.ino, true);
         Ok(())
     }
 
@@ -802,16 +793,21 @@ impl Fs {
         if file_type(inode.mode) == libc::S_IFREG {
             self.delete_chunks(ino, inode.size)?;
         }
-        self.forget_node(ino);
-        self.remove_host_files(ino);
+        self.forget_deleted(ino, false);
         Ok(true)
     }
 
-    /// Removes this host's files standing for deleted inode `ino` (see
-    /// [`crate::FsConfig::host_files_prefix`]), so that they do not pile up; those of other
-    /// hosts stay. Nobody can open the inode any more (it has no name and no opener), and a
-    /// process that still has one of them open keeps it as the kernel keeps an unlinked file.
-    pub(crate) fn remove_host_files(&self, ino: u64) {
+    /// Drops what this process and this host keep of deleted inode `ino`: its node and its
+    /// record's copy, a directory's buckets' copies, and this host's files standing for it
+    /// (see [`crate::FsConfig::host_files_prefix`]), so that they do not pile up; those of
+    /// other hosts stay. Nobody can open the inode any more (it has no name and no opener),
+    /// and a process that still has one of those files open keeps it as the kernel keeps an
+    /// unlinked file.
+    pub(crate) fn forget_deleted(&self, ino: u64, was_dir: bool) {
+        self.forget_node(ino);
+        if was_dir {
+            self.recent_buckets.lock().forget_dir(ino);
+        }
         let Some(prefix) = &self.config.host_files_prefix else { return };
         for suffix in crate::host_files::ALL {
             let mut path = prefix.clone().into_os_string();
@@ -839,11 +835,9 @@ impl Fs {
         if is_dir(inode.mode) {
             let keys: Vec<Vec<u8>> = (0..DIR_BUCKETS).map(|b| self.keys.bucket(inode.ino, b)).collect();
             self.kv.delete_many(&keys)?;
-            self.recent_buckets.lock().forget_dir(inode.ino);
         }
         self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
-        self.forget_node(inode.ino);
-        self.remove_host_files(inode.ino);
+        self.forget_deleted(inode.ino, is_dir(inode.mode));
         Ok(())
     }
 

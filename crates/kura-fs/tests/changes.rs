@@ -11,9 +11,8 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{Counted, embedded, memcached_nodes};
+use common::{Counted, embedded, memcached_nodes, run_named_cases};
 use kura_fs::ns::Cred;
 use kura_fs::path::{Follow, Resolved};
 use kura_fs::{Fs, FsConfig, FsError, Kv, Owner, ROOT_INO, RenameFlags};
@@ -313,12 +312,5 @@ proptest! {
 #[test]
 fn changes_over_two_memcached_nodes_match_changes_by_fresh_instances() {
     let (_memcached, kv) = try_or_skip!(memcached_nodes(2).ok_or("no memcached"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 16, ..ProptestConfig::default() });
-    let case = AtomicU64::new(0);
-    runner
-        .run(&ops_strategy(), |ops| {
-            let name = format!("case{}", case.fetch_add(1, Ordering::SeqCst));
-            check_changes_match_fresh_instances(kv.clone(), &name, &ops)
-        })
-        .unwrap();
+    run_named_cases(16, &ops_strategy(), |name, ops| check_changes_match_fresh_instances(kv.clone(), name, &ops));
 }

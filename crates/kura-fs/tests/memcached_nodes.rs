@@ -39,12 +39,17 @@ fn memcached_with_mb(memory_mb: u32) -> Option<(ChildGuard, u16)> {
     Some(started.expect("start memcached"))
 }
 
+/// A pool of the two memcached nodes `a` and `b`.
+fn two_nodes(a: &(ChildGuard, u16), b: &(ChildGuard, u16)) -> PoolKv {
+    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
+    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
+    PoolKv::new(pool).expect("memcached nodes are accepted")
+}
+
 #[test]
 fn batched_versioned_gets_over_two_nodes_match_single_gets() {
     let (Some(a), Some(b)) = (memcached(), memcached()) else { return };
-    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
-    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
-    let kv = PoolKv::new(pool).expect("memcached nodes are accepted");
+    let kv = two_nodes(&a, &b);
     // Every third key is never written; the others hold values of growing length (up to one
     // larger than the metadata connection's read buffer).
     let keys: Vec<Vec<u8>> = (0..300).map(|i| format!("batch/key/{i}").into_bytes()).collect();
@@ -80,9 +85,7 @@ fn batched_versioned_gets_over_two_nodes_match_single_gets() {
 fn batched_writes_over_two_nodes_match_single_writes() {
     use kura_fs::kv::WriteOp;
     let (Some(a), Some(b)) = (memcached(), memcached()) else { return };
-    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
-    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
-    let kv = PoolKv::new(pool).expect("memcached nodes are accepted");
+    let kv = two_nodes(&a, &b);
     let twins = ["batched", "single"];
     let key = |twin: &str, i: usize| format!("write/{twin}/{i}").into_bytes();
     // Keys 0..10 hold a value first; 10..20 do not.
@@ -121,10 +124,8 @@ fn batched_writes_over_two_nodes_match_single_writes() {
 #[test]
 fn a_file_system_opens_and_formats_through_batched_gets() {
     let (Some(a), Some(b)) = (memcached(), memcached()) else { return };
-    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
     let open = || {
-        let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
-        let kv = Arc::new(PoolKv::new(pool).expect("memcached nodes are accepted"));
+        let kv = Arc::new(two_nodes(&a, &b));
         Fs::open(kv, FsConfig { name: "batched".into(), ..FsConfig::default() }, Owner { uid: 1000, gid: 1000 }).expect("open")
     };
     let fs = open();
@@ -142,9 +143,7 @@ fn a_file_system_opens_and_formats_through_batched_gets() {
 #[test]
 fn statfs_reports_the_room_of_the_nodes() {
     let (Some(a), Some(b)) = (memcached_with_mb(64), memcached_with_mb(32)) else { return };
-    let urls = [format!("memcached://127.0.0.1:{}", a.1), format!("memcached://127.0.0.1:{}", b.1)];
-    let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
-    let kv = Arc::new(PoolKv::new(pool).expect("memcached nodes are accepted"));
+    let kv = Arc::new(two_nodes(&a, &b));
     let fs = Fs::open(kv, FsConfig { name: "space".into(), ..FsConfig::default() }, Owner { uid: 0, gid: 0 }).expect("open");
     let s = fs.statfs().expect("statfs");
     let chunk = s.f_frsize as u64;

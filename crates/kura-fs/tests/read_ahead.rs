@@ -8,9 +8,8 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{Counted, embedded, memcached_nodes};
+use common::{Counted, embedded, memcached_nodes, run_named_cases};
 use kura_fs::ns::Cred;
 use kura_fs::path::{Follow, Resolved};
 use kura_fs::{Fs, FsConfig, FsError, Inode, Kv, Owner, ROOT_INO, RenameFlags};
@@ -264,13 +263,5 @@ proptest! {
 #[test]
 fn walks_over_two_memcached_nodes_return_what_fresh_walks_return() {
     let (_memcached, kv) = try_or_skip!(memcached_nodes(2).ok_or("no memcached"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
-    let case = AtomicU64::new(0);
-    runner
-        .run(&prop::collection::vec(op_strategy(), 1..40), |ops| {
-            // A file system of its own per case, in the same two nodes.
-            let name = format!("case{}", case.fetch_add(1, Ordering::SeqCst));
-            check_walks_match_fresh_instances(kv.clone(), &name, &ops)
-        })
-        .unwrap();
+    run_named_cases(24, &prop::collection::vec(op_strategy(), 1..40), |name, ops| check_walks_match_fresh_instances(kv.clone(), name, &ops));
 }

@@ -122,3 +122,12 @@ pub fn embedded(dir: &std::path::Path) -> Arc<PoolKv> {
     config.value_size_max_bytes = 64 << 10;
     Arc::new(PoolKv::new(Pool::open(config).unwrap()).unwrap())
 }
+
+/// Runs `check` on `cases` values of `strategy`, each with a file system name of its own
+/// (`case0`, `case1`, …), so that the cases can share one pool (a memcached pool is not made
+/// again per case).
+pub fn run_named_cases<S: proptest::strategy::Strategy>(cases: u32, strategy: &S, check: impl Fn(&str, S::Value) -> Result<(), proptest::test_runner::TestCaseError>) {
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases, ..proptest::test_runner::Config::default() });
+    let case = AtomicU64::new(0);
+    runner.run(strategy, |value| check(&format!("case{}", case.fetch_add(1, Ordering::SeqCst)), value)).unwrap();
+}
