@@ -52,6 +52,22 @@ fn root_entry() -> DirEntry {
     DirEntry { name: Vec::new(), ino: ROOT_INO, dtype: libc::DT_DIR }
 }
 
+/// Puts `path`'s components on the walk's stack (`todo`, walked from its end), in front of
+/// what is there: no empty ones, no `.`.
+fn push_components(todo: &mut Vec<Vec<u8>>, path: &[u8]) {
+    todo.extend(path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev());
+}
+
+/// Ends a path that leaves the mount as the caller's did, for the kernel to see: `/.` after
+/// a last `.`, else `/` when `slash`.
+fn keep_tail(out: &mut Vec<u8>, dot_last: bool, slash: bool) {
+    if dot_last {
+        out.extend_from_slice(b"/.");
+    } else if slash {
+        out.push(b'/');
+    }
+}
+
 /// Splits `mount`'s parent off, for `..` out of the root.
 fn mount_parent(mount: &[u8]) -> &[u8] {
     match mount.iter().rposition(|&b| b == b'/') {
@@ -78,6 +94,55 @@ pub fn strip_mount<'a>(path: &'a [u8], mount: &[u8]) -> Option<&'a [u8]> {
         return Some(rest);
     }
     rest.strip_prefix(b"/")
+}
+
+/// `path` without its trailing slashes (`/` stays).
+pub fn trim_slashes(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b != b'/') {
+        Some(i) => &path[..=i],
+        None => path,
+    }
+}
+
+/// The directory a path's last name is in, as a path that must name a directory: `a/b/c` ->
+/// `a/b/.`, `c` -> `.`, `d/..` -> `d/.`, `/x` and `/` -> `/.`.
+pub fn parent_dir_of(path: &[u8]) -> Vec<u8> {
+    let trimmed = &path[..path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
+    let mut out = match trimmed.iter().rposition(|&b| b == b'/') {
+        Some(i) => trimmed[..=i].to_vec(),
+        None if path.first() == Some(&b'/') => b"/".to_vec(),
+        None => b"./".to_vec(),
+    };
+    out.push(b'.');
+    out
+}
+
+/// The part of absolute `path` after the point where it enters `mount`, as the caller wrote
+/// it. The host's part is taken lexically (`/tmp/../kura/f` enters at `kura`); what follows
+/// is left to [`Fs::resolve`], which follows kura's symbolic links before a `..`
+/// and fails `f/.` on a file, as the kernel's walk does (`/kura/l/..` with `l` a link to
+/// `a/b` is `/kura/a`, not `/kura`). `None`: the path never enters the mount.
+pub fn rel_in_mount(path: &[u8], mount: &[u8]) -> Option<Vec<u8>> {
+    let want: Vec<&[u8]> = mount.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut at = 0;
+    for c in path.split(|&b| b == b'/') {
+        at += c.len() + 1;
+        match c {
+            b"" | b"." => continue,
+            b".." => {
+                parts.pop();
+                continue;
+            }
+            c => parts.push(c),
+        }
+        if parts == want {
+            let rest = path.get(at..).unwrap_or(b"");
+            let start = rest.iter().position(|&b| b != b'/').unwrap_or(rest.len());
+            return Some(rest[start..].to_vec());
+        }
+    }
+    None
 }
 
 /// The kernel's length check of a path string, made before it resolves anything: a path of
@@ -156,7 +221,11 @@ impl Fs {
     /// [`Fs::resolve`] for a new name (`mkdir`, `symlink`, `link`, `mknod`): the walk also
     /// reads the inode of the last directory, as [`Fs::resolve_for_change`] does, and not the
     /// inode of an existing last name.
+    /// As the kernel's `filename_create`, a trailing slash neither follows a symbolic link
+    /// there nor asks for a directory: an existing name is `Found` (EEXIST) whatever it is; a
+    /// missing one is for the caller to allow (`mkdir`) or refuse (ENOENT).
     pub fn resolve_parent(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<Resolved> {
+        let path = trim_slashes(path);
         self.walk(start, path, follow, mount, Plan::of(follow, path, false, true)).map(|(resolved, _)| resolved)
     }
 
@@ -174,10 +243,30 @@ impl Fs {
     /// Resolves `path`, and with `plan.want_inode` reads the inode it names: `Some(None)` when
     /// that inode is gone.
     fn walk(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], plan: Plan) -> Result<(Resolved, Option<Option<Inode>>)> {
+        self.walk_tracking(start, path, follow, mount, plan, None)
+    }
+
+    /// [`Fs::resolve`] from the root, with the physical path of what the walk found (or of the
+    /// directory a missing last name would be in): the names walked from the root, symbolic
+    /// links followed and `..` taken as the directory's parent, as `getcwd` reports a
+    /// directory after `chdir`. Components, without the mount prefix; none for the root.
+    pub fn resolve_physical(&self, path: &[u8], follow: Follow, mount: &[u8]) -> Result<(Resolved, Vec<Vec<u8>>)> {
+        let mut names = Vec::new();
+        let (resolved, _) = self.walk_tracking(ROOT_INO, path, follow, mount, Plan::of(follow, path, false, false), Some(&mut names))?;
+        Ok((resolved, names))
+    }
+
+    /// The walk; with `phys`, the names from the root to the current directory are kept there
+    /// (`start` must then be the root).
+    fn walk_tracking(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], plan: Plan, mut phys: Option<&mut Vec<Vec<u8>>>) -> Result<(Resolved, Option<Option<Inode>>)> {
+        debug_assert!(phys.is_none() || start == ROOT_INO);
         check_path_len(path)?;
-        let trailing_slash = path.ends_with(b"/");
+        // `d/.` names `d` as `d/` does: it must be a directory, and a symlink there is followed.
+        let dot_last = path.split(|&b| b == b'/').rev().find(|c| !c.is_empty()) == Some(b".".as_slice());
+        let trailing_slash = path.ends_with(b"/") || dot_last;
         // Components still to walk, in reverse (a stack, so symlink targets splice in front).
-        let mut todo: Vec<Vec<u8>> = path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev().collect();
+        let mut todo: Vec<Vec<u8>> = Vec::new();
+        push_components(&mut todo, path);
         let mut ahead = ReadAhead::default();
         let mut dir = start;
         let mut current = if start == ROOT_INO {
@@ -197,9 +286,22 @@ impl Fs {
             dir = current.ino;
             if component == b".." {
                 if dir == ROOT_INO {
-                    let mut rest: Vec<Vec<u8>> = todo.into_iter().rev().collect();
+                    let mut rest: Vec<Vec<u8>> = todo.iter().rev().cloned().collect();
                     rest.retain(|c| !c.is_empty());
-                    return Ok((Resolved::Outside(join_outside(mount_parent(mount), &rest)), None));
+                    let mut out = join_outside(mount_parent(mount), &rest);
+                    // `/kura/../kura/f`: out of the root and back in (with at least the mount's
+                    // last name fewer to walk).
+                    if let Some(inside) = strip_mount(&out, mount) {
+                        ahead.clear();
+                        todo.clear();
+                        push_components(&mut todo, inside);
+                        (current, parent) = (root_entry(), ROOT_INO);
+                        name.clear();
+                        phys.as_deref_mut().map(Vec::clear);
+                        continue;
+                    }
+                    keep_tail(&mut out, dot_last, trailing_slash && !rest.is_empty());
+                    return Ok((Resolved::Outside(out), None));
                 }
                 ahead.clear();
                 let (inode, _) = self.load_inode(dir)?;
@@ -210,6 +312,9 @@ impl Fs {
                 current = self.entry_of_dir(up)?;
                 parent = current.ino;
                 name.clear();
+                if let Some(phys) = phys.as_deref_mut() {
+                    phys.pop();
+                }
                 continue;
             }
             if component.len() > crate::layout::NAME_BYTES_MAX {
@@ -218,7 +323,7 @@ impl Fs {
             let is_last = todo.is_empty();
             let found = self.lookup_ahead(&mut ahead, dir, &component, &todo, follow.searcher, plan)?;
             let Some(entry) = found else {
-                if is_last {
+                if is_last && !dot_last {
                     return Ok((Resolved::Missing { parent: dir, name: component }, None));
                 }
                 return Err(FsError::NotFound);
@@ -234,27 +339,30 @@ impl Fs {
                     let rest: Vec<Vec<u8>> = todo.iter().rev().cloned().collect();
                     match strip_mount(&target, mount) {
                         Some(inside) => {
-                            todo.extend(inside.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev());
-                            current = root_entry();
-                            parent = ROOT_INO;
+                            push_components(&mut todo, inside);
+                            (current, parent) = (root_entry(), ROOT_INO);
                             name.clear();
+                            phys.as_deref_mut().map(Vec::clear);
                             continue;
                         }
                         None => {
                             let mut out = join_outside(&target, &rest);
-                            if trailing_slash && !rest.is_empty() {
-                                out.push(b'/');
-                            }
+                            keep_tail(&mut out, dot_last, trailing_slash && !rest.is_empty());
                             return Ok((Resolved::Outside(out), None));
                         }
                     }
                 }
-                todo.extend(target.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").map(<[u8]>::to_vec).rev());
+                push_components(&mut todo, &target);
                 // Stay in `dir`: the target is relative to the link's directory.
                 current = self.entry_of_dir(dir)?;
                 continue;
             }
             parent = dir;
+            if let Some(phys) = phys.as_deref_mut() {
+                // The walk goes on from `entry` only if it is a directory; a last name that is
+                // not one is the end.
+                phys.push(component.clone());
+            }
             name = component;
             current = entry;
         }
@@ -438,6 +546,40 @@ mod tests {
         assert_eq!(mount_parent(b"/kura"), b"/");
         assert_eq!(mount_parent(b"/mnt/kura"), b"/mnt");
         assert_eq!(join_outside(b"/", &[b"etc".to_vec(), b"passwd".to_vec()]), b"/etc/passwd");
+    }
+
+    #[test]
+    fn where_a_path_enters_the_mount() {
+        let rel = |p: &[u8]| rel_in_mount(p, b"/kura").map(|r| String::from_utf8(r).unwrap());
+        assert_eq!(rel(b"/kura/a/b"), Some("a/b".into()));
+        assert_eq!(rel(b"/kura"), Some("".into()));
+        assert_eq!(rel(b"/kura/"), Some("".into()));
+        assert_eq!(rel(b"//kura//a/"), Some("a/".into()));
+        // What follows the entry is the walk's, as written: links before `..` are kura's.
+        assert_eq!(rel(b"/kura/l/../x/."), Some("l/../x/.".into()));
+        assert_eq!(rel(b"/kura/../etc"), Some("../etc".into()));
+        // The host's part is lexical.
+        assert_eq!(rel(b"/tmp/../kura/f"), Some("f".into()));
+        assert_eq!(rel(b"/./kura/./f"), Some("./f".into()));
+        assert_eq!(rel(b"/kurax/f"), None);
+        assert_eq!(rel(b"/tmp/kura/f"), None);
+        assert_eq!(rel(b"/"), None);
+        assert_eq!(rel_in_mount(b"/mnt/k/x", b"/mnt/k").as_deref(), Some(&b"x"[..]));
+        assert_eq!(rel_in_mount(b"/mnt/x/../k", b"/mnt/k").as_deref(), Some(&b""[..]));
+    }
+
+    #[test]
+    fn parents_and_slashes() {
+        assert_eq!(parent_dir_of(b"a/b/c"), b"a/b/.");
+        assert_eq!(parent_dir_of(b"c"), b"./.");
+        assert_eq!(parent_dir_of(b"d/.."), b"d/.");
+        assert_eq!(parent_dir_of(b"d/x//"), b"d/.");
+        assert_eq!(parent_dir_of(b"/x"), b"/.");
+        assert_eq!(parent_dir_of(b"/"), b"/.");
+        assert_eq!(parent_dir_of(b""), b"./.");
+        assert_eq!(trim_slashes(b"a/b//"), b"a/b");
+        assert_eq!(trim_slashes(b"/"), b"/");
+        assert_eq!(trim_slashes(b"a"), b"a");
     }
 
     #[test]

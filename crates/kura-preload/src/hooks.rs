@@ -257,6 +257,26 @@ pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_las
     fs.resolve(start, rel, Follow { last: follow_last, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
 }
 
+/// [`resolve`], following the last name, and the absolute path of what it found for the
+/// working directory or a directory descriptor: `abs` (lexical, symbolic links left in) when
+/// `rel` has no `..`, else the physical path the walk took (`l/..` with `l` a link to `a/b`
+/// is `a`, as `getcwd` says after `chdir`). Only a walk from the root can tell the physical
+/// path; from a directory descriptor `abs` stands.
+pub(crate) fn resolve_with_path(state: &State, fs: &Fs, start: u64, rel: &[u8], abs: &[u8]) -> Result<(Resolved, Vec<u8>), i32> {
+    let lexical = || abs.strip_suffix(b"/").filter(|a| !a.is_empty()).unwrap_or(abs).to_vec();
+    if start != kura_fs::ROOT_INO || !rel.split(|&b| b == b'/').any(|c| c == b"..") {
+        return Ok((resolve(state, fs, start, rel, true)?, lexical()));
+    }
+    let searcher = cred_unless_root();
+    let (resolved, names) = fs.resolve_physical(rel, Follow { last: true, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)?;
+    let mut path = state.mount.clone();
+    for name in names {
+        path.push(b'/');
+        path.extend_from_slice(&name);
+    }
+    Ok((resolved, path))
+}
+
 /// Resolves a kura target and reads the inode it names. Another process may replace or remove
 /// the name between the lookup and the read (a rename over it drops the old inode): the path
 /// is then resolved again, so that a reader sees the old file or the new one, never `ENOENT`
@@ -495,6 +515,12 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     let excl = flags & libc::O_EXCL != 0;
     let accmode = flags & libc::O_ACCMODE;
     let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
+    if creat && rel.ends_with(b"/") {
+        // The kernel refuses a trailing slash with O_CREAT once the directory is walked,
+        // before it looks at (or follows) the last name.
+        resolve(state, fs, start, &kura_fs::path::parent_dir_of(rel), true)?;
+        return Err(libc::EISDIR);
+    }
     let (resolved, found) = if creat { resolve_for_change(state, fs, start, rel, follow)? } else { resolve_inode(state, fs, start, rel, follow)? };
     // A file this open made lists this process among its openers already.
     let mut made = false;
@@ -562,7 +588,16 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         (false, true) => Some(fs.open_node_created(&inode).map_err(fs_errno)?),
         (false, false) => Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
     };
-    let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, abs) {
+    // A directory descriptor's path becomes the working directory at `fchdir`: physical, as
+    // `chdir`'s (one more walk, for a directory opened through `..` only).
+    let physical = match is_dir && start == kura_fs::ROOT_INO && rel.split(|&b| b == b'/').any(|c| c == b"..") {
+        true => match resolve_with_path(state, fs, start, rel, abs)? {
+            (Resolved::Found { entry, .. }, path) if entry.ino == inode.ino => Some(path),
+            _ => None,
+        },
+        false => None,
+    };
+    let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, physical.as_deref().unwrap_or(abs)) {
         Ok(placeholder) => placeholder,
         Err(e) => {
             if let Some(node) = &node {
@@ -1514,15 +1549,36 @@ fn outside(abs: &[u8], raw_call: &dyn Fn(c_int, *const c_char) -> c_int) -> Resu
 }
 
 /// `.`, `..` or the root as the entry to create, remove or rename: refused as Linux does,
-/// on the caller's path (`classify` normalises them away).
+/// on the caller's path (the walk would take `d/..` to `d`'s parent and change that).
 fn refuse_dots(dirfd: c_int, path: *const c_char, op: kura_fs::path::NameOp) -> Result<(), i32> {
+    refuse_dots_of(&[(dirfd, path, op)])
+}
+
+/// [`refuse_dots`] for the paths of one call, in the kernel's order: each path's directory is
+/// walked first (`mkdir("gone/.")` is ENOENT, `rename("gone/a", "d/..")` too: the kernel looks
+/// up every parent before it looks at the last names), then the first refused name's errno.
+fn refuse_dots_of(paths: &[(c_int, *const c_char, kura_fs::path::NameOp)]) -> Result<(), i32> {
     let Some(state) = active() else { return Ok(()) };
-    // SAFETY: libc's contract.
-    let Some(p) = (unsafe { bytes(path) }) else { return Ok(()) };
-    match classify(state, dirfd, p)? {
-        Target::Kura { .. } => kura_fs::path::check_last_component(p, op).map_err(|e| e.errno()),
-        _ => Ok(()),
+    let mut refused = None;
+    let mut targets = Vec::with_capacity(paths.len());
+    for &(dirfd, path, op) in paths {
+        // SAFETY: libc's contract.
+        let Some(p) = (unsafe { bytes(path) }) else { return Ok(()) };
+        if let Target::Kura { start, rel, .. } = classify(state, dirfd, p)? {
+            if let Err(e) = kura_fs::path::check_last_component(p, op) {
+                refused.get_or_insert(e.errno());
+            }
+            targets.push((start, rel));
+        }
     }
+    let Some(refused) = refused else { return Ok(()) };
+    with_fs(state, |fs| {
+        for (start, rel) in &targets {
+            resolve(state, fs, *start, &kura_fs::path::parent_dir_of(rel), true)?;
+        }
+        Ok(())
+    })?;
+    Err(refused)
 }
 
 fn last_component(rel: &[u8]) -> &[u8] {
@@ -1566,6 +1622,8 @@ extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: li
         };
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
+            // A trailing slash asks for a directory (the kernel's `filename_create`).
+            Resolved::Missing { .. } if rel.ends_with(b"/") => Err(libc::ENOENT),
             Resolved::Missing { parent, name } => {
                 let kind = if mode & libc::S_IFMT == 0 { libc::S_IFREG } else { mode & libc::S_IFMT };
                 check_create_in(fs, parent)?;
@@ -1601,7 +1659,10 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                     _ => {}
                 }
             }
-            match resolve_for_change(state, fs, start, rel.strip_suffix(b"/").filter(|_| rmdir).unwrap_or(rel), false)? {
+            // The last name is not followed, slash or not; `unlink("f/")` is ENOTDIR.
+            let trimmed = kura_fs::path::trim_slashes(rel);
+            match resolve_for_change(state, fs, start, trimmed, false)? {
+                (Resolved::Found { entry, .. }, _) if !rmdir && trimmed.len() < rel.len() => Err(if entry.dtype == libc::DT_DIR { libc::EISDIR } else { libc::ENOTDIR }),
                 (Resolved::Found { parent, name, entry }, walked) => {
                     if name.is_empty() {
                         return Err(libc::EBUSY);
@@ -1636,7 +1697,7 @@ extern "C" fn h_rmdir(path: *const c_char) -> c_int {
 
 extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_uint) -> c_int {
     guard(-1, || {
-        if let Err(e) = refuse_dots(olddir, old, kura_fs::path::NameOp::Rename).and_then(|()| refuse_dots(newdir, new, kura_fs::path::NameOp::Rename)) {
+        if let Err(e) = refuse_dots_of(&[(olddir, old, kura_fs::path::NameOp::Rename), (newdir, new, kura_fs::path::NameOp::Rename)]) {
             return ret_int(Err(e));
         }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
@@ -1672,9 +1733,14 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             let cred = cred();
             // Linux walks to both parents before it looks at either name: a bad directory on
             // the new path (ENOTDIR, ELOOP) wins over a missing source.
-            let (old_resolved, new_resolved) = (resolve_for_change(state, fs, os, &orel, false), resolve_for_change(state, fs, ns, &nrel, false));
+            // Neither last name is followed, trailing slash or not (the kernel's rename lookups);
+            // a slash only asks the source to be a directory.
+            let (otrim, ntrim) = (kura_fs::path::trim_slashes(&orel), kura_fs::path::trim_slashes(&nrel));
+            let slashed = otrim.len() < orel.len() || ntrim.len() < nrel.len();
+            let (old_resolved, new_resolved) = (resolve_for_change(state, fs, os, otrim, false), resolve_for_change(state, fs, ns, ntrim, false));
             let ((old_resolved, old_walked), (new_resolved, new_walked)) = (old_resolved?, new_resolved?);
             let (sp, sname) = match old_resolved {
+                Resolved::Found { entry, .. } if slashed && entry.dtype != libc::DT_DIR => return Err(libc::ENOTDIR),
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
                     let victim = victim_of(fs, parent, &name, entry, old_walked)?.ok_or(libc::ENOENT)?;
                     cred.check_delete(&fs.getattr_fresh(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
@@ -1720,9 +1786,6 @@ extern "C" fn h_rename(old: *const c_char, new: *const c_char) -> c_int {
 
 extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_int) -> c_int {
     guard(-1, || {
-        if let Err(e) = refuse_dots(newdir, new, kura_fs::path::NameOp::Create) {
-            return ret_int(Err(e));
-        }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_linkat, od, o, nd, n, flags) as c_int }
@@ -1741,7 +1804,13 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
                     Resolved::Missing { .. } => return Err(libc::ENOENT),
                     Resolved::Outside(_) => return Err(libc::EXDEV),
                 };
+                // `.` or `..` as the new name, after the old name's lookup (as the kernel).
+                if let Err(refused) = kura_fs::path::check_last_component(n, kura_fs::path::NameOp::Create) {
+                    resolve(state, fs, ns, &kura_fs::path::parent_dir_of(&nrel), true)?;
+                    return Err(refused.errno());
+                }
                 match resolve_parent(state, fs, ns, &nrel)? {
+                    Resolved::Missing { .. } if nrel.ends_with(b"/") => Err(libc::ENOENT),
                     Resolved::Missing { parent, name } => {
                         check_create_in(fs, parent)?;
                         fs.link(ino, parent, &name).map_err(fs_errno)?;
@@ -1786,6 +1855,7 @@ extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_ch
             kura_fs::path::check_path_len(t).map_err(|e| e.errno())?;
             match resolve_parent(state, fs, start, rel)? {
                 Resolved::Found { .. } => Err(libc::EEXIST),
+                Resolved::Missing { .. } if rel.ends_with(b"/") => Err(libc::ENOENT),
                 Resolved::Missing { parent, name } => {
                     check_create_in(fs, parent)?;
                     fs.symlink(parent, &name, t, owner()).map_err(fs_errno)?;
@@ -2299,19 +2369,19 @@ extern "C" fn h_chdir(path: *const c_char) -> c_int {
         match target {
             Target::Kernel => kernel(path),
             Target::KernelAbs(abs) => kernel(abs.as_ptr().cast()),
-            Target::Kura { start, rel, abs } => ret_int(with_fs(state, |fs| match resolve(state, fs, start, &rel, true)? {
-                Resolved::Found { entry, .. } => {
+            Target::Kura { start, rel, abs } => ret_int(with_fs(state, |fs| match resolve_with_path(state, fs, start, &rel, &abs)? {
+                (Resolved::Found { entry, .. }, path) => {
                     if entry.dtype != libc::DT_DIR {
                         return Err(libc::ENOTDIR);
                     }
                     if let Some(cred) = cred_unless_root() {
                         cred.check_access(&fs.getattr(entry.ino).map_err(fs_errno)?, kura_fs::ns::MAY_EXEC).map_err(fs_errno)?;
                     }
-                    *state.cwd.write() = Some(abs.strip_suffix(b"/").filter(|a| !a.is_empty()).unwrap_or(&abs).to_vec());
+                    *state.cwd.write() = Some(path);
                     Ok(0)
                 }
-                Resolved::Missing { .. } => Err(libc::ENOENT),
-                Resolved::Outside(abs) => {
+                (Resolved::Missing { .. }, _) => Err(libc::ENOENT),
+                (Resolved::Outside(abs), _) => {
                     let c = c_path(&abs);
                     let r = kernel(c.as_ptr().cast());
                     if r < 0 { Err(errno()) } else { Ok(0) }

@@ -5,7 +5,6 @@ use std::ffi::{CStr, c_char};
 use std::sync::Arc;
 
 use kura_fs::ROOT_INO;
-use kura_fs::path::strip_mount;
 
 use crate::fds::OpenFile;
 use crate::state::State;
@@ -62,14 +61,9 @@ pub unsafe fn bytes<'a>(path: *const c_char) -> Option<&'a [u8]> {
     Some(unsafe { CStr::from_ptr(path) }.to_bytes())
 }
 
-fn kura_abs(state: &State, abs: Vec<u8>, keep_trailing_slash: bool) -> Option<Target> {
-    let normal = normalise(&abs);
-    let rel = strip_mount(&normal, &state.mount)?.to_vec();
-    let mut rel = rel;
-    if keep_trailing_slash && !rel.is_empty() {
-        rel.push(b'/');
-    }
-    Some(Target::Kura { start: ROOT_INO, rel, abs: normal })
+fn kura_abs(state: &State, abs: Vec<u8>) -> Option<Target> {
+    let rel = kura_fs::path::rel_in_mount(&abs, &state.mount)?;
+    Some(Target::Kura { start: ROOT_INO, rel, abs: normalise(&abs) })
 }
 
 /// A path naming one of this process's kura descriptors — `/dev/fd/N`, `/proc/self/fd/N`,
@@ -110,32 +104,26 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
     if path.is_empty() {
         return Ok(Target::Kernel);
     }
-    let trailing = path.ends_with(b"/") && path.len() > 1;
     if path[0] == b'/'
         && let Some((of, rest)) = descriptor_link(state, path)
     {
         // The file's path at its open (a file renamed since is not followed).
         let mut abs = of.path.clone();
         abs.extend_from_slice(rest);
-        return kura_abs(state, abs, trailing).ok_or(libc::ENOENT);
+        return kura_abs(state, abs).ok_or(libc::ENOENT);
     }
     if path[0] == b'/' {
-        return Ok(match kura_abs(state, path.to_vec(), trailing) {
-            Some(t) => t,
-            // `/kura/..` and the like: the kernel knows no `/kura`, so give it the lexical result.
-            None if strip_mount(path, &state.mount).is_some() => Target::KernelAbs(c_path(&normalise(path))),
-            None => Target::Kernel,
-        });
+        return Ok(kura_abs(state, path.to_vec()).unwrap_or(Target::Kernel));
     }
     if dirfd == libc::AT_FDCWD {
         let cwd = state.cwd.read().clone();
         let Some(cwd) = cwd else {
-            return Ok(into_mount_from_host(state, dirfd, path, trailing).unwrap_or(Target::Kernel));
+            return Ok(into_mount_from_host(state, dirfd, path).unwrap_or(Target::Kernel));
         };
         let mut abs = cwd;
         abs.push(b'/');
         abs.extend_from_slice(path);
-        return Ok(match kura_abs(state, abs.clone(), trailing) {
+        return Ok(match kura_abs(state, abs.clone()) {
             Some(t) => t,
             None => {
                 let mut out = normalise(&abs);
@@ -145,7 +133,7 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
         });
     }
     let Some(dir) = state.fds.get(dirfd) else {
-        return Ok(into_mount_from_host(state, dirfd, path, trailing).unwrap_or(Target::Kernel));
+        return Ok(into_mount_from_host(state, dirfd, path).unwrap_or(Target::Kernel));
     };
     if !dir.is_dir {
         return Err(libc::ENOTDIR);
@@ -161,7 +149,7 @@ pub fn classify(state: &State, dirfd: i32, path: &[u8]) -> Result<Target, i32> {
 /// (rsync walks its destination from `/` with `openat`). Only a path that could — one with a
 /// `..`, or whose first component is one of the mount prefix's — costs a look at where the
 /// directory is (`getcwd` or `/proc/self/fd/N`); any other stays the kernel's, untouched.
-fn into_mount_from_host(state: &State, dirfd: i32, path: &[u8], trailing: bool) -> Option<Target> {
+fn into_mount_from_host(state: &State, dirfd: i32, path: &[u8]) -> Option<Target> {
     let mut components = path.split(|&b| b == b'/');
     let first = components.next().unwrap_or(b"");
     let may_reach = first == b".." || state.mount.split(|&b| b == b'/').any(|c| !c.is_empty() && c == first) || components.any(|c| c == b"..");
@@ -171,7 +159,7 @@ fn into_mount_from_host(state: &State, dirfd: i32, path: &[u8], trailing: bool) 
     let mut base = host_dir_path(dirfd)?;
     base.push(b'/');
     base.extend_from_slice(path);
-    kura_abs(state, base, trailing)
+    kura_abs(state, base)
 }
 
 /// Where a directory of the kernel's is: the working directory for `AT_FDCWD`, else the

@@ -32,6 +32,8 @@ SLOTS_MAX = 6
 # climbs out reaches different directories on the two sides (under the preload, past the
 # mount, the host's own), and chains of links can climb any number of levels.
 LINK_TARGETS = ["a", "b", "a/b", "c/a", "missing", "missing/a", "."]
+SUFFIXES = ["", "/", "/.", "/.."]
+SUFFIX_WEIGHTS = [20, 1, 1, 1]
 MODES = [0o644, 0o600, 0o755, 0o444, 0o000, 0o1777]
 # Explicit times for utime (ns): before 1970, sub-second, far future.
 TIMES_NS = [0, 1_000_000_000, 1_234_567_891_234_567_891, -5_000_000_000, 4_000_000_000_123_456_789]
@@ -60,7 +62,10 @@ class Run:
 
     def path(self):
         depth = self.rng.choices([1, 2, 3], DEPTH_WEIGHTS)[0]
-        return "/".join(self.rng.choice(NAMES) for _ in range(depth))
+        rel = "/".join(self.rng.choice(NAMES) for _ in range(depth))
+        # Sometimes a tail that names the same thing as a directory: "a/" and "a/." must be
+        # one, follow a symlink "a", and fail with ENOTDIR on a file.
+        return rel + self.rng.choices(SUFFIXES, SUFFIX_WEIGHTS)[0]
 
     def full(self, rel):
         return os.path.join(self.root, rel)

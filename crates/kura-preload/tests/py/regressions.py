@@ -65,6 +65,42 @@ def stat_of_a_removed_open_directory(root):
     return [f"{st.st_mode:o} nlink={st.st_nlink}"]
 
 
+def dot_and_slash_after_a_link(root):
+    # `link/.` names the directory the link leads to, `file/.` is ENOTDIR (kura lstat'ed the
+    # link and the file: the preload dropped the `.`); the calls that take a last name
+    # without following it see the link (kura followed it for a trailing slash).
+    def kind(p):
+        return oct(os.lstat(p).st_mode >> 12)
+    return [
+        attempt(lambda: kind(f"{root}/link/.")),
+        attempt(lambda: kind(f"{root}/file/.")),
+        attempt(lambda: os.mkdir(f"{root}/gone/.")),
+        attempt(lambda: os.link(f"{root}/file", f"{root}/link/")),
+        attempt(lambda: os.unlink(f"{root}/file/")),
+        attempt(lambda: os.rename(f"{root}/file", f"{root}/dir/")),
+        attempt(lambda: os.open(f"{root}/loop/", os.O_RDONLY | os.O_CREAT)),
+    ]
+
+
+def dotdot_after_a_link_is_the_targets_parent(root):
+    # `deep/..` with `deep -> dir/sub/deep` is `dir/sub`, as chdir and getcwd say (kura took
+    # the `..` lexically: `root`).
+    os.symlink("dir/sub/deep", f"{root}/deep")
+    listing = sorted(os.listdir(f"{root}/deep/.."))
+    here = os.getcwd()
+    os.chdir(f"{root}/deep/..")
+    cwd = os.getcwd()[len(root):]
+    os.chdir("..")
+    up = os.getcwd()[len(root):]
+    fd = os.open(f"{root}/deep/../..", os.O_RDONLY | os.O_DIRECTORY)
+    os.chdir(here)
+    os.fchdir(fd)
+    fcwd = os.getcwd()[len(root):]
+    os.close(fd)
+    os.chdir(here)
+    return [listing, cwd, up, fcwd]
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -73,6 +109,8 @@ CASES = [
     rename_over_an_ancestor,
     rename_checks_both_parents_first,
     stat_of_a_removed_open_directory,
+    dot_and_slash_after_a_link,
+    dotdot_after_a_link_is_the_targets_parent,
 ]
 
 
