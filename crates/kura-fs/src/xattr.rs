@@ -3,8 +3,11 @@
 //! atomic and shared by every process at once, and reading them costs nothing more than the
 //! inode. Namespaces `user.`, `trusted.` and `security.`, with Linux's rules
 //! (`fs/xattr.c` `xattr_permission`, `cap_inode_setxattr`) for a caller without capabilities
-//! beyond root. `system.` (POSIX ACLs): kura keeps none, so reading one finds nothing
-//! (`ENODATA`, what `ls`, `cp -a` and `tar --acls` ask) and setting one is `EOPNOTSUPP`.
+//! beyond root. `system.` (POSIX ACLs): kura has none, and says so as a Linux file system
+//! without ACL support does (ext4 mounted `noacl`, FUSE without `FUSE_POSIX_ACL`): reading or
+//! setting one is `EOPNOTSUPP`. `ls -l`, `cp -a` and `tar --acls` take that as "no ACLs here";
+//! `ls` then stops asking for the rest of the file system's files (one round trip per file
+//! fewer: `ENODATA` would be asked again for every file).
 
 use crate::error::{FsError, Result};
 use crate::layout::{Inode, XATTR_NAME_BYTES_MAX, XATTR_VALUE_BYTES_MAX, XATTRS_BYTES_MAX, file_type};
@@ -89,7 +92,9 @@ fn check(cred: Option<&Cred>, inode: &Inode, ns: Namespace, write: bool) -> Resu
 impl Fs {
     /// The value of attribute `name` of `ino` (`ENODATA` when it has none).
     pub fn getxattr(&self, ino: u64, name: &[u8], cred: Option<&Cred>) -> Result<Vec<u8>> {
-        namespace(name)?;
+        if namespace(name)? == Namespace::System {
+            return Err(FsError::NotSupported);
+        }
         getxattr_of(&self.getattr(ino)?, name, cred)
     }
 
@@ -154,10 +159,10 @@ impl Fs {
 /// [`Fs::getxattr`] of an inode already read.
 pub fn getxattr_of(inode: &Inode, name: &[u8], cred: Option<&Cred>) -> Result<Vec<u8>> {
     let ns = namespace(name)?;
-    check(cred, inode, ns, false)?;
     if ns == Namespace::System {
-        return Err(FsError::NoAttr);
+        return Err(FsError::NotSupported);
     }
+    check(cred, inode, ns, false)?;
     inode.xattrs.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).ok_or(FsError::NoAttr)
 }
 

@@ -31,6 +31,16 @@ pub fn open_descriptors() -> Vec<i32> {
     fds
 }
 
+/// The inode number of `fd` if it may be a placeholder: a regular file of
+/// [`SHARED_BYTES`] with no name (a memfd's `nlink` is 0).
+fn placeholder_like(fd: i32) -> Option<u64> {
+    // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is writable and lives across the call.
+    let r = unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
+    (r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size == SHARED_BYTES as i64 && st.st_nlink == 0).then_some(st.st_ino)
+}
+
 /// The name of a host file kura keeps beside the lock file of `ino`: that file's name plus
 /// `suffix` (a shared mapping's backing file, a FIFO's kernel FIFO, a program's text lock),
 /// NUL-terminated.
@@ -65,7 +75,6 @@ pub fn fs_tag() -> u64 {
 
 /// Name of a placeholder memfd (what `/proc/self/fd/N` shows, after `/memfd:`).
 pub const PLACEHOLDER_NAME: &[u8] = b"kura-fd\0";
-const PLACEHOLDER_LINK_PREFIX: &[u8] = b"/memfd:kura-fd";
 /// Bytes of a placeholder (its shared state).
 const SHARED_BYTES: usize = 8192;
 const SHARED_MAGIC: u64 = 0x6b75_7261_6664_0001;
@@ -349,18 +358,15 @@ impl FdTable {
     /// Finds kura placeholders inherited across `exec` (by their memfd name) and adopts them.
     pub fn recover_inherited(&self) {
         let fds: Vec<i32> = open_descriptors().into_iter().take(INHERITED_SCAN_MAX).collect();
-        let mut link = [0u8; 256];
         // Descriptors of one description (one memfd) share one open file, as before `exec`.
         let mut adopted: Vec<(u64, Arc<OpenFile>)> = Vec::new();
         for fd in fds {
-            let proc_path = format!("/proc/self/fd/{fd}\0");
-            let Ok(n) = raw::readlink(proc_path.as_bytes(), &mut link) else {
-                continue;
-            };
-            if !link[..n].starts_with(PLACEHOLDER_LINK_PREFIX) || fd as usize >= FD_TABLE_MAX {
+            // A placeholder looks like one to fstat (no path to walk, as a readlink of
+            // /proc/self/fd/N has: this runs at every program's start); its magic decides.
+            let Some(memfd_ino) = placeholder_like(fd) else { continue };
+            if fd as usize >= FD_TABLE_MAX {
                 continue;
             }
-            let Ok((_, memfd_ino)) = raw::fstat_id(fd) else { continue };
             if let Some((_, file)) = adopted.iter().find(|(ino, _)| *ino == memfd_ino) {
                 self.install(fd, file.clone());
             } else if let Some(file) = OpenFile::adopt(fd) {
