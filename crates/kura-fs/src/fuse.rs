@@ -142,6 +142,21 @@ impl KuraFuse {
         Some(inode)
     }
 
+    /// Keeps the copies open handles of directory `inode` hold up to date, for
+    /// [`KuraFuse::removed_open_dir`] (a chmod before the rmdir shows, as on Linux).
+    fn refresh_open_dir(&self, inode: &Inode) {
+        if !crate::layout::is_dir(inode.mode) {
+            return;
+        }
+        for handle in self.handles.lock().values_mut() {
+            if let Handle::Dir { inode: held, .. } = handle
+                && held.ino == inode.ino
+            {
+                *held = inode.clone();
+            }
+        }
+    }
+
     fn entry(&self, inode: &Inode, reply: ReplyEntry) {
         reply.entry(&self.ttl, &self.attr(inode), Generation(0));
     }
@@ -162,7 +177,10 @@ impl Filesystem for KuraFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(inode) => reply.attr(&self.ttl, &self.attr(&inode)),
+            Ok(inode) => {
+                self.refresh_open_dir(&inode);
+                reply.attr(&self.ttl, &self.attr(&inode));
+            }
             Err(FsError::NotFound) if let Some(inode) = self.removed_open_dir(ino.0) => reply.attr(&self.ttl, &self.attr(&inode)),
             Err(e) => reply.error(errno(e)),
         }
@@ -188,7 +206,10 @@ impl Filesystem for KuraFuse {
     ) {
         let attr = SetAttr { mode, uid, gid, size, atime_ns: atime.map(ns_of), mtime_ns: mtime.map(ns_of) };
         match self.fs.setattr(ino.0, attr) {
-            Ok(inode) => reply.attr(&self.ttl, &self.attr(&inode)),
+            Ok(inode) => {
+                self.refresh_open_dir(&inode);
+                reply.attr(&self.ttl, &self.attr(&inode));
+            }
             Err(e) => reply.error(errno(e)),
         }
     }

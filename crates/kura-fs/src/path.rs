@@ -21,7 +21,10 @@ pub const PATH_BYTES_MAX: usize = 4096;
 pub enum Resolved {
     /// An existing file: its entry in `parent` (the root is its own parent, named "").
     Found { parent: u64, name: Vec<u8>, entry: DirEntry },
-    /// The last component does not exist; its directory does.
+    /// The last component does not exist; its directory does. `name` ends in '/' when it
+    /// came from a symbolic link whose target does (`l -> new/`): the walk asked for a
+    /// directory there, so `open(O_CREAT)` through the link is EISDIR, as in the kernel. (Only
+    /// a walk that follows its last link gives one; [`Fs::resolve_parent`] never does.)
     Missing { parent: u64, name: Vec<u8> },
     /// The path leaves the file system (a symlink or `..` out of the mount): this absolute
     /// path is the kernel's to resolve.
@@ -50,6 +53,11 @@ pub struct Follow<'a> {
 
 fn root_entry() -> DirEntry {
     DirEntry { name: Vec::new(), ino: ROOT_INO, dtype: libc::DT_DIR }
+}
+
+/// Whether the last name of `path` is `.` (`d/.`, `d/./`).
+fn ends_in_dot(path: &[u8]) -> bool {
+    path.split(|&b| b == b'/').rev().find(|c| !c.is_empty()) == Some(b".".as_slice())
 }
 
 /// Puts `path`'s components on the walk's stack (`todo`, walked from its end), in front of
@@ -229,10 +237,23 @@ impl Fs {
         self.walk(start, path, follow, mount, Plan::of(follow, path, false, true)).map(|(resolved, _)| resolved)
     }
 
+    /// [`Fs::resolve_inode`] from the root, with the physical path of what it found (as
+    /// [`Fs::resolve_physical`] gives it) in `names`.
+    pub fn resolve_inode_physical(&self, path: &[u8], follow: Follow, mount: &[u8], names: &mut Vec<Vec<u8>>) -> Result<(Resolved, Option<Inode>)> {
+        self.resolve_inode_tracking(ROOT_INO, path, follow, mount, false, Some(names))
+    }
+
     fn resolve_inode_as(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_parent: bool) -> Result<(Resolved, Option<Inode>)> {
+        self.resolve_inode_tracking(start, path, follow, mount, want_parent, None)
+    }
+
+    fn resolve_inode_tracking(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_parent: bool, mut names: Option<&mut Vec<Vec<u8>>>) -> Result<(Resolved, Option<Inode>)> {
         let plan = Plan::of(follow, path, true, want_parent);
         for _ in 0..RESOLVE_RETRIES_MAX {
-            match self.walk(start, path, follow, mount, plan)? {
+            if let Some(names) = names.as_deref_mut() {
+                names.clear();
+            }
+            match self.walk_tracking(start, path, follow, mount, plan, names.as_deref_mut())? {
                 (resolved @ Resolved::Found { .. }, Some(None)) => tracing::trace!(?resolved, "inode gone after its lookup; resolving again"),
                 (resolved, inode) => return Ok((resolved, inode.flatten())),
             }
@@ -262,8 +283,10 @@ impl Fs {
         debug_assert!(phys.is_none() || start == ROOT_INO);
         check_path_len(path)?;
         // `d/.` names `d` as `d/` does: it must be a directory, and a symlink there is followed.
-        let dot_last = path.split(|&b| b == b'/').rev().find(|c| !c.is_empty()) == Some(b".".as_slice());
-        let trailing_slash = path.ends_with(b"/") || dot_last;
+        let mut dot_last = ends_in_dot(path);
+        let mut trailing_slash = path.ends_with(b"/") || dot_last;
+        // The last name came from a link's target ending in '/' (see `Resolved::Missing`).
+        let mut link_slash = false;
         // Components still to walk, in reverse (a stack, so symlink targets splice in front).
         let mut todo: Vec<Vec<u8>> = Vec::new();
         push_components(&mut todo, path);
@@ -324,7 +347,11 @@ impl Fs {
             let found = self.lookup_ahead(&mut ahead, dir, &component, &todo, follow.searcher, plan)?;
             let Some(entry) = found else {
                 if is_last && !dot_last {
-                    return Ok((Resolved::Missing { parent: dir, name: component }, None));
+                    let mut name = component;
+                    if link_slash {
+                        name.push(b'/');
+                    }
+                    return Ok((Resolved::Missing { parent: dir, name }, None));
                 }
                 return Err(FsError::NotFound);
             };
@@ -335,6 +362,12 @@ impl Fs {
                 }
                 ahead.clear();
                 let target = self.readlink(entry.ino)?;
+                // A target's own `/` or `/.` at the end applies to the walk's last name.
+                if is_last && ends_in_dot(&target) {
+                    (dot_last, trailing_slash) = (true, true);
+                } else if is_last && target.ends_with(b"/") {
+                    (trailing_slash, link_slash) = (true, true);
+                }
                 if target.first() == Some(&b'/') {
                     let rest: Vec<Vec<u8>> = todo.iter().rev().cloned().collect();
                     match strip_mount(&target, mount) {

@@ -156,3 +156,25 @@ fn a_creates_trailing_slash_neither_follows_nor_asks_for_a_directory() {
     assert!(matches!(fs.resolve_parent(ROOT_INO, b"a/new/", follow(false), MOUNT), Ok(Resolved::Missing { .. })));
     assert_eq!(fs.resolve_parent(ROOT_INO, b"a/f2/new", follow(false), MOUNT).unwrap_err(), FsError::NotDir);
 }
+
+#[test]
+fn a_links_trailing_slash_applies_to_the_last_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
+    build(&fs, &dir.path().join("host"));
+    fs.symlink(ROOT_INO, b"to_new", b"new/", ROOT).unwrap();
+    fs.symlink(ROOT_INO, b"to_f2", b"a/f2/", ROOT).unwrap();
+    fs.symlink(ROOT_INO, b"to_dot", b"a/b/.", ROOT).unwrap();
+    fs.symlink(ROOT_INO, b"to_gone_dot", b"gone/.", ROOT).unwrap();
+    // A missing name reached through `new/` says so (open(O_CREAT) through it is EISDIR).
+    match fs.resolve(ROOT_INO, b"to_new", follow(true), MOUNT).unwrap() {
+        Resolved::Missing { name, .. } => assert_eq!(name, b"new/"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fs.resolve(ROOT_INO, b"to_f2", follow(true), MOUNT).unwrap_err(), FsError::NotDir);
+    let b = fs.resolve(ROOT_INO, b"a/b", follow(false), MOUNT).unwrap().ino();
+    assert_eq!(fs.resolve(ROOT_INO, b"to_dot", follow(true), MOUNT).unwrap().ino(), b);
+    assert_eq!(fs.resolve(ROOT_INO, b"to_gone_dot", follow(true), MOUNT).unwrap_err(), FsError::NotFound);
+    // Not followed, the link is just a link.
+    assert!(matches!(fs.resolve(ROOT_INO, b"to_new", follow(false), MOUNT), Ok(Resolved::Found { .. })));
+}

@@ -377,7 +377,6 @@ impl FdTable {
         }
     }
 
-    #[allow(dead_code)]
     pub fn read_guard(&self) -> RwLockReadGuard<'_, Vec<Option<Arc<OpenFile>>>> {
         self.entries.read()
     }

@@ -257,24 +257,28 @@ pub(crate) fn resolve(state: &State, fs: &Fs, start: u64, rel: &[u8], follow_las
     fs.resolve(start, rel, Follow { last: follow_last, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
 }
 
-/// [`resolve`], following the last name, and the absolute path of what it found for the
-/// working directory or a directory descriptor: `abs` (lexical, symbolic links left in) when
-/// `rel` has no `..`, else the physical path the walk took (`l/..` with `l` a link to `a/b`
-/// is `a`, as `getcwd` says after `chdir`). Only a walk from the root can tell the physical
-/// path; from a directory descriptor `abs` stands.
+/// [`resolve`], following the last name, and the absolute path of what it found, for the
+/// working directory: the physical path the walk took, symbolic links followed (`l/..` with
+/// `l` a link to `a/b` is `a`), as `getcwd` says after `chdir`. Only a walk from the root can
+/// tell it; from a directory descriptor `abs` (lexical) stands.
 pub(crate) fn resolve_with_path(state: &State, fs: &Fs, start: u64, rel: &[u8], abs: &[u8]) -> Result<(Resolved, Vec<u8>), i32> {
-    let lexical = || abs.strip_suffix(b"/").filter(|a| !a.is_empty()).unwrap_or(abs).to_vec();
-    if start != kura_fs::ROOT_INO || !rel.split(|&b| b == b'/').any(|c| c == b"..") {
-        return Ok((resolve(state, fs, start, rel, true)?, lexical()));
+    if start != kura_fs::ROOT_INO {
+        let lexical = abs.strip_suffix(b"/").filter(|a| !a.is_empty()).unwrap_or(abs).to_vec();
+        return Ok((resolve(state, fs, start, rel, true)?, lexical));
     }
     let searcher = cred_unless_root();
     let (resolved, names) = fs.resolve_physical(rel, Follow { last: true, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)?;
+    Ok((resolved, mount_path(state, &names)))
+}
+
+/// The absolute path of the names walked from the mount's root.
+fn mount_path(state: &State, names: &[Vec<u8>]) -> Vec<u8> {
     let mut path = state.mount.clone();
     for name in names {
         path.push(b'/');
-        path.extend_from_slice(&name);
+        path.extend_from_slice(name);
     }
-    Ok((resolved, path))
+    path
 }
 
 /// Resolves a kura target and reads the inode it names. Another process may replace or remove
@@ -521,7 +525,21 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         resolve(state, fs, start, &kura_fs::path::parent_dir_of(rel), true)?;
         return Err(libc::EISDIR);
     }
-    let (resolved, found) = if creat { resolve_for_change(state, fs, start, rel, follow)? } else { resolve_inode(state, fs, start, rel, follow)? };
+    // A path with `..` from the root: the descriptor's path is the one the walk took (the
+    // working directory after `fchdir`, `/proc/self/fd/N`), not the lexical one, which
+    // `l/..` with `l` a link would get wrong.
+    let mut physical = None;
+    let (resolved, found) = if creat {
+        resolve_for_change(state, fs, start, rel, follow)?
+    } else if start == kura_fs::ROOT_INO && rel.split(|&b| b == b'/').any(|c| c == b"..") {
+        let searcher = cred_unless_root();
+        let mut names = Vec::new();
+        let found = fs.resolve_inode_physical(rel, Follow { last: follow, searcher: searcher.as_ref() }, &state.mount, &mut names).map_err(fs_errno)?;
+        physical = Some(mount_path(state, &names));
+        found
+    } else {
+        resolve_inode(state, fs, start, rel, follow)?
+    };
     // A file this open made lists this process among its openers already.
     let mut made = false;
     let inode = match resolved {
@@ -535,7 +553,8 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             if !creat {
                 return Err(libc::ENOENT);
             }
-            if rel.ends_with(b"/") {
+            // Through a link to `new/` (see `Resolved::Missing`).
+            if name.ends_with(b"/") {
                 return Err(libc::EISDIR);
             }
             check_create_in(fs, parent)?;
@@ -587,15 +606,6 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         (true, _) => None,
         (false, true) => Some(fs.open_node_created(&inode).map_err(fs_errno)?),
         (false, false) => Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
-    };
-    // A directory descriptor's path becomes the working directory at `fchdir`: physical, as
-    // `chdir`'s (one more walk, for a directory opened through `..` only).
-    let physical = match is_dir && start == kura_fs::ROOT_INO && rel.split(|&b| b == b'/').any(|c| c == b"..") {
-        true => match resolve_with_path(state, fs, start, rel, abs)? {
-            (Resolved::Found { entry, .. }, path) if entry.ino == inode.ino => Some(path),
-            _ => None,
-        },
-        false => None,
     };
     let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, physical.as_deref().unwrap_or(abs)) {
         Ok(placeholder) => placeholder,
@@ -1672,6 +1682,11 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                     cred().check_delete(&dir, &victim).map_err(fs_errno)?;
                     if rmdir {
                         fs.rmdir(parent, &name).map_err(fs_errno)?;
+                        // This process's descriptors of the directory keep its last attributes
+                        // (a chmod since their open shows in their fstat, as on Linux).
+                        for of in state.fds.read_guard().iter().flatten().filter(|of| of.is_dir && of.ino == victim.ino) {
+                            *of.dir_inode.lock() = Some(victim.clone());
+                        }
                     } else {
                         if entry.dtype == libc::DT_DIR {
                             return Err(libc::EISDIR);
@@ -1697,7 +1712,9 @@ extern "C" fn h_rmdir(path: *const c_char) -> c_int {
 
 extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_uint) -> c_int {
     guard(-1, || {
-        if let Err(e) = refuse_dots_of(&[(olddir, old, kura_fs::path::NameOp::Rename), (newdir, new, kura_fs::path::NameOp::Rename)]) {
+        // With RENAME_NOREPLACE a new name of `.` or `..` is EEXIST (the kernel's do_renameat2).
+        let new_op = if flags & libc::RENAME_NOREPLACE != 0 { kura_fs::path::NameOp::Create } else { kura_fs::path::NameOp::Rename };
+        if let Err(e) = refuse_dots_of(&[(olddir, old, kura_fs::path::NameOp::Rename), (newdir, new, new_op)]) {
             return ret_int(Err(e));
         }
         let raw_call = |od: c_int, o: *const c_char, nd: c_int, n: *const c_char| {
@@ -1739,8 +1756,18 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             let slashed = otrim.len() < orel.len() || ntrim.len() < nrel.len();
             let (old_resolved, new_resolved) = (resolve_for_change(state, fs, os, otrim, false), resolve_for_change(state, fs, ns, ntrim, false));
             let ((old_resolved, old_walked), (new_resolved, new_walked)) = (old_resolved?, new_resolved?);
+            let rf = RenameFlags { noreplace: flags & libc::RENAME_NOREPLACE != 0, exchange: flags & libc::RENAME_EXCHANGE != 0 };
+            // The kernel's order once both names are looked up: no source, then a target that
+            // RENAME_NOREPLACE refuses, then a slash after a source that is not a directory.
+            if let Resolved::Found { entry, .. } = &old_resolved {
+                if rf.noreplace && matches!(new_resolved, Resolved::Found { .. }) {
+                    return Err(libc::EEXIST);
+                }
+                if slashed && entry.dtype != libc::DT_DIR {
+                    return Err(libc::ENOTDIR);
+                }
+            }
             let (sp, sname) = match old_resolved {
-                Resolved::Found { entry, .. } if slashed && entry.dtype != libc::DT_DIR => return Err(libc::ENOTDIR),
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
                     let victim = victim_of(fs, parent, &name, entry, old_walked)?.ok_or(libc::ENOENT)?;
                     cred.check_delete(&fs.getattr_fresh(parent).map_err(fs_errno)?, &victim).map_err(fs_errno)?;
@@ -1769,7 +1796,6 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
                 }
                 Resolved::Outside(_) => return Err(libc::EXDEV),
             };
-            let rf = RenameFlags { noreplace: flags & libc::RENAME_NOREPLACE != 0, exchange: flags & libc::RENAME_EXCHANGE != 0 };
             fs.rename(sp, &sname, dp, &dname, rf).map_err(fs_errno)?;
             Ok(0)
         }))
@@ -2404,7 +2430,17 @@ extern "C" fn h_fchdir(fd: c_int) -> c_int {
             {
                 return ret_int(Err(e));
             }
-            *state.cwd.write() = Some(of.path.clone());
+            // The directory's physical path, as chdir's, if its path at the open still leads
+            // to it (a directory renamed since keeps the old path).
+            let physical = kura_fs::path::rel_in_mount(&of.path, &state.mount).and_then(|rel| {
+                with_fs(state, |fs| match resolve_with_path(state, fs, kura_fs::ROOT_INO, &rel, &of.path)? {
+                    (Resolved::Found { entry, .. }, path) if entry.ino == of.ino => Ok(Some(path)),
+                    _ => Ok(None),
+                })
+                .ok()
+                .flatten()
+            });
+            *state.cwd.write() = Some(physical.unwrap_or_else(|| of.path.clone()));
             return 0;
         }
         // SAFETY: an integer.

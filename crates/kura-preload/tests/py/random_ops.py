@@ -13,6 +13,7 @@ The namespace is small (three names, paths up to three deep) so that operations 
 of directories, renames onto what exists, unlinks of open files, symlinks that dangle or loop.
 """
 
+import ctypes
 import errno
 import hashlib
 import os
@@ -37,6 +38,9 @@ SUFFIX_WEIGHTS = [20, 1, 1, 1]
 MODES = [0o644, 0o600, 0o755, 0o444, 0o000, 0o1777]
 # Explicit times for utime (ns): before 1970, sub-second, far future.
 TIMES_NS = [0, 1_000_000_000, 1_234_567_891_234_567_891, -5_000_000_000, 4_000_000_000_123_456_789]
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
 
 TYPE_NAMES = {stat.S_IFREG: "reg", stat.S_IFDIR: "dir", stat.S_IFLNK: "lnk"}
 
@@ -264,7 +268,107 @@ class Run:
 
         return f"utime {rel} {atime} {mtime}", run
 
+    def op_chdir(self):
+        # The working directory after chdir (as getcwd says it, from the seed's directory) and
+        # a relative lookup from it: `..` after a symlink is the target's parent.
+        rel = self.path()
+        then = self.rng.choice([".", "..", "a", "../b", "b/..", "a/.", "../a/."])
+
+        def run():
+            here = os.getcwd()
+            try:
+                os.chdir(self.full(rel))
+                top = os.path.realpath(self.root)
+                where = os.path.relpath(os.getcwd(), top)
+                # A link to "." and a ".." can climb out of the seed's directory: what is there
+                # differs between the two sides.
+                if where.startswith(".."):
+                    return "outside"
+                if not (os.path.realpath(then) + "/").startswith(top + "/"):
+                    return f"{where} then outside"
+                try:
+                    found = describe_stat(os.lstat(then))
+                except OSError as e:
+                    found = errno.errorcode[e.errno]
+                return f"{where} {found}"
+            finally:
+                os.chdir(here)
+
+        return f"chdir {rel} then lstat {then}", run
+
+    def op_at(self):
+        # A call relative to a directory descriptor (the *at family).
+        drel = self.path() if self.rng.random() < 0.7 else "."
+        name, other = self.path(), self.path()
+        kind = self.rng.choice(["stat", "lstat", "open", "mkdir", "unlink", "rmdir", "rename", "symlink", "readlink", "access", "link"])
+
+        def call(dfd):
+            if kind == "stat":
+                return describe_stat(os.stat(name, dir_fd=dfd))
+            if kind == "lstat":
+                return describe_stat(os.stat(name, dir_fd=dfd, follow_symlinks=False))
+            if kind == "open":
+                fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dfd)
+                size = os.fstat(fd).st_size
+                os.close(fd)
+                return f"size={size}"
+            if kind == "mkdir":
+                return ok(os.mkdir(name, 0o755, dir_fd=dfd))
+            if kind == "unlink":
+                return ok(os.unlink(name, dir_fd=dfd))
+            if kind == "rmdir":
+                return ok(os.rmdir(name, dir_fd=dfd))
+            if kind == "rename":
+                return ok(os.rename(name, other, src_dir_fd=dfd, dst_dir_fd=dfd))
+            if kind == "symlink":
+                return ok(os.symlink(other, name, dir_fd=dfd))
+            if kind == "readlink":
+                return os.readlink(name, dir_fd=dfd)
+            if kind == "link":
+                return ok(os.link(name, other, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False))
+            return str(os.access(name, os.R_OK | os.X_OK, dir_fd=dfd))
+
+        def run():
+            dfd = os.open(self.full(drel), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                return call(dfd)
+            finally:
+                os.close(dfd)
+
+        return f"{kind}at {drel}: {name} {other}", run
+
+    def op_access(self):
+        rel, follow = self.path(), self.rng.random() < 0.7
+        mode = self.rng.choice([os.F_OK, os.R_OK, os.W_OK, os.X_OK, os.R_OK | os.X_OK])
+        return f"access {rel} {mode} follow={follow}", lambda: str(os.access(self.full(rel), mode, follow_symlinks=follow))
+
+    def op_fallocate(self):
+        offset, length = self.offset(), self.rng.choice([1, CHUNK_BYTES, 3 * CHUNK_BYTES + 5])
+
+        def body(_slot, fd):
+            os.posix_fallocate(fd, offset, length)
+            return f"size={os.fstat(fd).st_size}"
+
+        return self.with_slot("fallocate", body, f" {offset} {length}")
+
+    def op_renameat2(self):
+        # RENAME_NOREPLACE (1), through libc's renameat2. (RENAME_EXCHANGE is EINVAL in kura, as
+        # in a Linux file system without it: the man page's "does not support one of the flags".)
+        old, new, flags = self.path(), self.path(), 1
+
+        def run():
+            if LIBC.renameat2(AT_FDCWD, os.fsencode(self.full(old)), AT_FDCWD, os.fsencode(self.full(new)), flags) != 0:
+                raise OSError(ctypes.get_errno(), "renameat2")
+            return "ok"
+
+        return f"renameat2 {old} {new} {['', 'NOREPLACE', 'EXCHANGE'][flags]}", run
+
     OPS = [
+        (op_chdir, 2),
+        (op_at, 4),
+        (op_access, 1),
+        (op_fallocate, 1),
+        (op_renameat2, 2),
         (op_open, 8),
         (op_close, 3),
         (op_write, 6),

@@ -101,6 +101,37 @@ def dotdot_after_a_link_is_the_targets_parent(root):
     return [listing, cwd, up, fcwd]
 
 
+def a_links_trailing_slash_asks_for_a_directory(root):
+    # A link to "new/" or "file/": open(O_CREAT) through it is EISDIR (kura made "new"), stat
+    # of a link to "file/" ENOTDIR. RENAME_NOREPLACE onto an existing name beats a slash after
+    # a file (kura said ENOTDIR), and onto "d/.." is EEXIST (kura said EBUSY).
+    os.symlink("new/", f"{root}/to_new")
+    os.symlink("file/", f"{root}/to_file")
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    def noreplace(old, new):
+        if libc.renameat2(-100, os.fsencode(old), -100, os.fsencode(new), 1) != 0:
+            raise OSError(ctypes.get_errno(), "renameat2")
+    return [
+        attempt(lambda: os.open(f"{root}/to_new", os.O_WRONLY | os.O_CREAT)),
+        attempt(lambda: os.path.exists(f"{root}/new")),
+        attempt(lambda: os.stat(f"{root}/to_file")),
+        attempt(lambda: noreplace(f"{root}/file/", f"{root}/link")),
+        attempt(lambda: noreplace(f"{root}/file", f"{root}/dir/sub/..")),
+    ]
+
+
+def fstat_of_a_directory_removed_after_a_chmod(root):
+    # The directory's last attributes (kura showed them as at the open: 750).
+    os.mkdir(f"{root}/gone", 0o750)
+    fd = os.open(f"{root}/gone", os.O_RDONLY)
+    os.chmod(f"{root}/gone", 0o705)
+    os.rmdir(f"{root}/gone")
+    st = os.fstat(fd)
+    os.close(fd)
+    return [f"{st.st_mode:o} nlink={st.st_nlink}"]
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -111,6 +142,8 @@ CASES = [
     stat_of_a_removed_open_directory,
     dot_and_slash_after_a_link,
     dotdot_after_a_link_is_the_targets_parent,
+    a_links_trailing_slash_asks_for_a_directory,
+    fstat_of_a_directory_removed_after_a_chmod,
 ]
 
 
