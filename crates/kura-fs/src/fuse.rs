@@ -210,6 +210,21 @@ impl Filesystem for KuraFuse {
                 self.refresh_open_dir(&inode);
                 reply.attr(&self.ttl, &self.attr(&inode));
             }
+            // A directory removed while open changes in its handles' copies, as on Linux.
+            Err(FsError::NotFound) if attr.size.is_none() && self.removed_open_dir(ino.0).is_some() => {
+                let now = crate::ns::now_ns();
+                for handle in self.handles.lock().values_mut() {
+                    if let Handle::Dir { inode: held, .. } = handle
+                        && held.ino == ino.0
+                    {
+                        crate::ns::apply_setattr(held, &attr, now);
+                    }
+                }
+                match self.removed_open_dir(ino.0) {
+                    Some(inode) => reply.attr(&self.ttl, &self.attr(&inode)),
+                    None => reply.error(Errno::ENOENT),
+                }
+            }
             Err(e) => reply.error(errno(e)),
         }
     }

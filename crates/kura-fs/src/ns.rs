@@ -239,6 +239,33 @@ pub fn now_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// What [`Fs::setattr`] changes in a record, but its size: mode, owner, times; the change
+/// time becomes `now`. (Also for a directory removed while open, which has no record left.)
+pub fn apply_setattr(i: &mut Inode, attr: &SetAttr, now: i64) {
+    if let Some(mode) = attr.mode {
+        i.mode = file_type(i.mode) | (mode & 0o7777);
+    }
+    if let Some(uid) = attr.uid {
+        i.uid = uid;
+    }
+    if let Some(gid) = attr.gid {
+        i.gid = gid;
+    }
+    if (attr.uid.is_some() || attr.gid.is_some()) && !is_dir(i.mode) && attr.mode.is_none() {
+        // chown clears set-user-ID and set-group-ID on executables (as Linux does).
+        if i.mode & 0o111 != 0 {
+            i.mode &= !(libc::S_ISUID | libc::S_ISGID);
+        }
+    }
+    if let Some(t) = attr.atime_ns {
+        i.atime_ns = t;
+    }
+    if let Some(t) = attr.mtime_ns {
+        i.mtime_ns = t;
+    }
+    i.ctime_ns = now;
+}
+
 impl Fs {
     /// Reads an inode record and its version (and remembers both, see `recent_inodes`).
     pub(crate) fn load_inode(&self, ino: u64) -> Result<(Inode, u64)> {
@@ -1017,28 +1044,7 @@ impl Fs {
             self.discard_local_mtime(ino);
         }
         let mut inode = self.update_inode(ino, |i| {
-            if let Some(mode) = attr.mode {
-                i.mode = file_type(i.mode) | (mode & 0o7777);
-            }
-            if let Some(uid) = attr.uid {
-                i.uid = uid;
-            }
-            if let Some(gid) = attr.gid {
-                i.gid = gid;
-            }
-            if (attr.uid.is_some() || attr.gid.is_some()) && !is_dir(i.mode) && attr.mode.is_none() {
-                // chown clears set-user-ID and set-group-ID on executables (as Linux does).
-                if i.mode & 0o111 != 0 {
-                    i.mode &= !(libc::S_ISUID | libc::S_ISGID);
-                }
-            }
-            if let Some(t) = attr.atime_ns {
-                i.atime_ns = t;
-            }
-            if let Some(t) = attr.mtime_ns {
-                i.mtime_ns = t;
-            }
-            i.ctime_ns = now;
+            apply_setattr(i, &attr, now);
             Ok(())
         })?;
         self.overlay_local(&mut inode);

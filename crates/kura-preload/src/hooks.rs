@@ -1001,6 +1001,11 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Result<&'a [libc::i
 fn kura_readv(state: &State, of: &OpenFile, iov: *const libc::iovec, cnt: c_int, at: Option<u64>) -> Result<c_long, i32> {
     // SAFETY: readv(2)'s contract.
     let iov = unsafe { iovecs(iov, cnt)? };
+    // Nothing to read is 0 once the descriptor may read, a directory too (the kernel's
+    // do_iter_read stops before the file's read, which a directory refuses).
+    if iov.iter().all(|v| v.iov_len == 0) {
+        return if of.flags() & libc::O_ACCMODE == libc::O_WRONLY { Err(libc::EBADF) } else { Ok(0) };
+    }
     let mut total: c_long = 0;
     let mut offset = at;
     for v in iov {
@@ -2001,18 +2006,29 @@ extern "C" fn h_euidaccess(path: *const c_char, mode: c_int) -> c_int {
 /// [`Fs::getattr_open`] answers, from the record the open wrote when that is fresh): the
 /// permission check needs no read of its own, and the change's compare-and-swap starts from
 /// that record (one round trip each for a path walked before).
-fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_int, *const c_char) -> c_int, change: impl FnOnce(&Arc<Fs>, u64, Option<Inode>) -> Result<(), i32>) -> c_int {
+fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_int, *const c_char) -> c_int, attr: SetAttr, times_now: bool) -> c_int {
     let Some(state) = active() else { return raw_call(dirfd, path) };
     // SAFETY: libc's contract.
     let p = unsafe { bytes(path) };
     if p.is_none_or(<[u8]>::is_empty) {
         if let Some(of) = state.fds.get(dirfd) {
-            return ret_int(with_fs(state, |fs| change(fs, of.ino, fs.getattr_open(of.ino).ok()).map(|()| 0)));
+            return ret_int(with_fs(state, |fs| match fs.getattr_open(of.ino) {
+                // A directory removed while open: its attributes live on in this process's
+                // descriptors until they close, and change there, as on Linux.
+                Err(FsError::Stale) if of.is_dir => {
+                    let mut inode = open_inode(fs, &of)?;
+                    let attr = cred().check_setattr(&inode, attr, times_now).map_err(fs_errno)?;
+                    kura_fs::ns::apply_setattr(&mut inode, &attr, kura_fs::ns::now_ns());
+                    *of.dir_inode.lock() = Some(inode);
+                    Ok(0)
+                }
+                known => set_checked(fs, of.ino, attr, times_now, known.ok()).map(|()| 0),
+            }));
         }
         return raw_call(dirfd, path);
     }
     path_op(dirfd, path, &raw_call, |state, fs, start, rel, _| match resolve_inode(state, fs, start, rel, flags & libc::AT_SYMLINK_NOFOLLOW == 0)? {
-        (Resolved::Found { entry, .. }, inode) => change(fs, entry.ino, inode).map(|()| 0),
+        (Resolved::Found { entry, .. }, inode) => set_checked(fs, entry.ino, attr, times_now, inode).map(|()| 0),
         (Resolved::Missing { .. }, _) => Err(libc::ENOENT),
         (Resolved::Outside(abs), _) => outside(&abs, &raw_call),
     })
@@ -2059,7 +2075,7 @@ extern "C" fn h_fchmodat(dirfd: c_int, path: *const c_char, mode: c_uint, flags:
             }
             r
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { mode: Some(mode), ..SetAttr::default() }, false, known))
+        attr_op(dirfd, path, flags, raw_call, SetAttr { mode: Some(mode), ..SetAttr::default() }, false)
     })
 }
 
@@ -2071,7 +2087,7 @@ extern "C" fn h_fchmod(fd: c_int, mode: c_uint) -> c_int {
     guard(-1, || {
         // SAFETY: integers.
         let raw_call = |_: c_int, _: *const c_char| unsafe { crate::raw_syscall!(libc::SYS_fchmod, fd, mode) as c_int };
-        attr_op(fd, std::ptr::null(), 0, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { mode: Some(mode), ..SetAttr::default() }, false, known))
+        attr_op(fd, std::ptr::null(), 0, raw_call, SetAttr { mode: Some(mode), ..SetAttr::default() }, false)
     })
 }
 
@@ -2085,7 +2101,7 @@ extern "C" fn h_fchownat(dirfd: c_int, path: *const c_char, uid: c_uint, gid: c_
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_fchownat, d, p, uid, gid, flags) as c_int }
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false, known))
+        attr_op(dirfd, path, flags, raw_call, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false)
     })
 }
 
@@ -2101,7 +2117,7 @@ extern "C" fn h_fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
     guard(-1, || {
         // SAFETY: integers.
         let raw_call = |_: c_int, _: *const c_char| unsafe { crate::raw_syscall!(libc::SYS_fchown, fd, uid, gid) as c_int };
-        attr_op(fd, std::ptr::null(), 0, raw_call, |fs, ino, known| set_checked(fs, ino, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false, known))
+        attr_op(fd, std::ptr::null(), 0, raw_call, SetAttr { uid: id(uid), gid: id(gid), ..SetAttr::default() }, false)
     })
 }
 
@@ -2126,7 +2142,7 @@ extern "C" fn h_utimensat(dirfd: c_int, path: *const c_char, times: *const libc:
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_utimensat, d, p, times, flags) as c_int }
         };
-        attr_op(dirfd, path, flags, raw_call, |fs, ino, known| set_checked(fs, ino, times_attr(times), times_are_now(times), known))
+        attr_op(dirfd, path, flags, raw_call, times_attr(times), times_are_now(times))
     })
 }
 
@@ -2663,6 +2679,56 @@ fn within_one_file(state: &State, in_fd: c_int, in_off: *const i64, out_fd: c_in
     Ok(count as usize)
 }
 
+/// A descriptor's status flags and whether it is a directory or a regular file, kura's or the
+/// kernel's (EBADF when it is not open).
+fn copy_end(state: &State, fd: c_int) -> Result<(c_int, bool, bool), i32> {
+    if let Some(of) = state.fds.get(fd) {
+        return Ok((of.flags(), of.is_dir, !of.is_dir));
+    }
+    let flags = raw::fcntl(fd, libc::F_GETFL, 0)?;
+    // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is writable and lives across the call.
+    if unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } < 0 {
+        return Err(errno());
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    Ok((flags, kind == libc::S_IFDIR, kind == libc::S_IFREG))
+}
+
+/// The kernel's checks of a copy's two ends, before anything is copied, a length of 0 too:
+/// for `copy_file_range` (`generic_file_rw_checks`: EISDIR, EINVAL for other than regular
+/// files, EBADF for a source not open for reading or a target not open for writing or
+/// appending), for `sendfile` (`do_sendfile`: EBADF for either end's access mode, then
+/// EINVAL for reading a directory).
+fn check_copy_ends(state: &State, in_fd: c_int, out_fd: c_int, sendfile: bool, len: usize) -> Result<(), i32> {
+    let readable = |flags: c_int| flags & libc::O_ACCMODE != libc::O_WRONLY;
+    let writable = |flags: c_int| flags & libc::O_ACCMODE != libc::O_RDONLY;
+    let (in_flags, in_dir, in_reg) = copy_end(state, in_fd)?;
+    if sendfile {
+        if !readable(in_flags) {
+            return Err(libc::EBADF);
+        }
+        let (out_flags, _, _) = copy_end(state, out_fd)?;
+        if !writable(out_flags) {
+            return Err(libc::EBADF);
+        }
+        // A directory cannot be spliced from (asked for nothing, nothing is tried).
+        return if in_dir && len > 0 { Err(libc::EINVAL) } else { Ok(()) };
+    }
+    let (out_flags, out_dir, out_reg) = copy_end(state, out_fd)?;
+    if in_dir || out_dir {
+        return Err(libc::EISDIR);
+    }
+    if !in_reg || !out_reg {
+        return Err(libc::EINVAL);
+    }
+    if !readable(in_flags) || !writable(out_flags) || out_flags & libc::O_APPEND != 0 {
+        return Err(libc::EBADF);
+    }
+    Ok(())
+}
+
 extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, out_off: *mut i64, len: usize, flags: c_uint) -> isize {
     guard(-1, || {
         if let Some(state) = active()
@@ -2671,9 +2737,8 @@ extern "C" fn h_copy_file_range(in_fd: c_int, in_off: *mut i64, out_fd: c_int, o
             if flags != 0 {
                 return ret(Err(libc::EINVAL)) as isize;
             }
-            // Linux refuses to copy onto an O_APPEND file (EBADF here, EINVAL for sendfile).
-            if appends(state, out_fd) {
-                return ret(Err(libc::EBADF)) as isize;
+            if let Err(e) = check_copy_ends(state, in_fd, out_fd, false, len) {
+                return ret(Err(e)) as isize;
             }
             let len = match within_one_file(state, in_fd, in_off, out_fd, out_off, len) {
                 Ok(len) => len,
@@ -2691,6 +2756,10 @@ extern "C" fn h_sendfile(out_fd: c_int, in_fd: c_int, offset: *mut i64, count: u
         if let Some(state) = active()
             && (state.fds.contains(in_fd) || state.fds.contains(out_fd))
         {
+            if let Err(e) = check_copy_ends(state, in_fd, out_fd, true, count) {
+                return ret(Err(e)) as isize;
+            }
+            // Linux refuses to send onto an O_APPEND file (EINVAL; EBADF for copy_file_range).
             if appends(state, out_fd) {
                 return ret(Err(libc::EINVAL)) as isize;
             }

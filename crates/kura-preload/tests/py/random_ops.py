@@ -363,7 +363,87 @@ class Run:
 
         return f"renameat2 {old} {new} {['', 'NOREPLACE', 'EXCHANGE'][flags]}", run
 
+    def op_fchmod(self):
+        mode = self.rng.choice(MODES)
+
+        def body(_slot, fd):
+            os.chmod(fd, mode)
+            return f"{stat.S_IMODE(os.fstat(fd).st_mode):o}"
+
+        return self.with_slot("fchmod", body, f" {mode:o}")
+
+    def op_futime(self):
+        atime, mtime = self.rng.choice(TIMES_NS), self.rng.choice(TIMES_NS)
+
+        def body(_slot, fd):
+            os.utime(fd, ns=(atime, mtime))
+            st = os.fstat(fd)
+            return f"mtime={st.st_mtime_ns} atime={st.st_atime_ns}"
+
+        return self.with_slot("futime", body, f" {atime} {mtime}")
+
+    def op_chown(self):
+        rel, follow = self.path(), self.rng.random() < 0.5
+        uid, gid = self.rng.choice([(0, 0), (65534, 65534), (1000, -1), (-1, 100)])
+
+        def run():
+            os.chown(self.full(rel), uid, gid, follow_symlinks=follow)
+            st = os.stat(self.full(rel), follow_symlinks=follow)
+            return f"{st.st_uid}:{st.st_gid} {stat.S_IMODE(st.st_mode):o}"
+
+        return f"chown {rel} {uid}:{gid} follow={follow}", run
+
+    def op_copy(self):
+        # copy_file_range or sendfile between two open descriptors (the same one, sometimes).
+        src_slot, dst_slot = self.slot(), self.slot()
+        if src_slot is None:
+            return None
+        how, count, src_off = self.rng.choice(["copy_file_range", "sendfile"]), self.size(), self.offset()
+
+        def run():
+            src, dst = self.slots[src_slot], self.slots[dst_slot]
+            if how == "sendfile":
+                # Onto an overlapping range of its own file, Linux's result depends on its page
+                # cache (README, known gaps).
+                if os.fstat(src).st_ino == os.fstat(dst).st_ino and stat.S_ISREG(os.fstat(src).st_mode):
+                    return "same file"
+                return str(os.sendfile(dst, src, src_off, count))
+            return str(os.copy_file_range(src, dst, count, src_off))
+
+        return f"{how} slot {src_slot} at {src_off} to slot {dst_slot} {count}", run
+
+    def op_vector(self):
+        sizes = [self.size() for _ in range(self.rng.randint(1, 3))]
+        write = self.rng.random() < 0.5
+
+        def body(_slot, fd):
+            if write:
+                return str(os.writev(fd, [self.data(n) for n in sizes]))
+            bufs = [bytearray(n) for n in sizes]
+            got = os.readv(fd, bufs)
+            return f"{got} {digest(b''.join(bufs)[:got])}"
+
+        return self.with_slot("writev" if write else "readv", body, f" {sizes}")
+
+    def op_mkfifo(self):
+        rel = self.path()
+
+        def run():
+            os.mkfifo(self.full(rel), 0o644)
+            st = os.lstat(self.full(rel))
+            # Gone at once: an open of a FIFO would wait for the other end.
+            os.unlink(self.full(rel))
+            return f"fifo={stat.S_ISFIFO(st.st_mode)} {stat.S_IMODE(st.st_mode):o}"
+
+        return f"mkfifo {rel}", run
+
     OPS = [
+        (op_fchmod, 1),
+        (op_futime, 1),
+        (op_chown, 1),
+        (op_copy, 2),
+        (op_vector, 2),
+        (op_mkfifo, 1),
         (op_chdir, 2),
         (op_at, 4),
         (op_access, 1),

@@ -132,6 +132,31 @@ def fstat_of_a_directory_removed_after_a_chmod(root):
     return [f"{st.st_mode:o} nlink={st.st_nlink}"]
 
 
+def descriptor_calls_checked_as_the_kernel_does(root):
+    # fchmod and futimens of a directory removed while open work (kura said ENOENT);
+    # copy_file_range from a write-only descriptor is EBADF (kura copied nothing: 0), sendfile
+    # from a directory EINVAL (kura: EISDIR), readv of nothing from a directory 0 (kura:
+    # EISDIR).
+    os.mkdir(f"{root}/gone")
+    d = os.open(f"{root}/gone", os.O_RDONLY)
+    os.rmdir(f"{root}/gone")
+    w = os.open(f"{root}/file", os.O_WRONLY)
+    r = os.open(f"{root}/file", os.O_RDONLY)
+    t = os.open(f"{root}/other", os.O_WRONLY | os.O_CREAT, 0o644)
+    out = [
+        attempt(lambda: os.chmod(d, 0o700)),
+        attempt(lambda: os.utime(d, ns=(5, 7))),
+        attempt(lambda: f"{os.fstat(d).st_mode:o} {os.fstat(d).st_mtime_ns}"),
+        attempt(lambda: os.copy_file_range(w, t, 4)),
+        attempt(lambda: os.copy_file_range(r, t, 4)),
+        attempt(lambda: os.sendfile(t, d, 0, 4)),
+        attempt(lambda: os.readv(d, [bytearray(0)])),
+    ]
+    for fd in (d, w, r, t):
+        os.close(fd)
+    return out
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -144,6 +169,7 @@ CASES = [
     dotdot_after_a_link_is_the_targets_parent,
     a_links_trailing_slash_asks_for_a_directory,
     fstat_of_a_directory_removed_after_a_chmod,
+    descriptor_calls_checked_as_the_kernel_does,
 ]
 
 
