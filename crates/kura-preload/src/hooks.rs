@@ -229,6 +229,7 @@ fn node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>,
 
 #[cold]
 fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::Node>, i32> {
+    no_io(of)?;
     let inode = fs.getattr_open(of.ino).map_err(fs_errno)?;
     let node = fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?;
     Ok(of.set_node(node))
@@ -511,6 +512,9 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Err(libc::EOPNOTSUPP);
     }
+    if flags & libc::O_PATH != 0 {
+        return open_path_only(state, fs, start, rel, abs, flags);
+    }
     let creat = flags & libc::O_CREAT != 0;
     // Linux (since 6.4) refuses the pair before it looks at the path.
     if creat && flags & libc::O_DIRECTORY != 0 {
@@ -623,6 +627,40 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     }
     state.fds.install(fd, Arc::new(file));
     Ok(Opened::Fd(fd))
+}
+
+/// `O_PATH`: a descriptor that names the file without opening it for I/O (the kernel keeps
+/// only O_DIRECTORY, O_NOFOLLOW and O_CLOEXEC of the flags): no permission on the file
+/// itself is needed, a symbolic link with O_NOFOLLOW is one to the link, and the process is
+/// no opener of it. `fstat`, `fchdir`, `dup`, `close` and the `*at` calls take it; reads,
+/// writes and the rest are EBADF ([`no_io`]).
+fn open_path_only(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int) -> Result<Opened, i32> {
+    let flags = flags & (libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    let (inode, path) = match resolve_inode(state, fs, start, rel, flags & libc::O_NOFOLLOW == 0)? {
+        (Resolved::Found { .. }, Some(inode)) => (inode, abs),
+        (Resolved::Found { .. }, None) | (Resolved::Missing { .. }, _) => return Err(libc::ENOENT),
+        (Resolved::Outside(abs), _) => {
+            let p = c_path(&abs);
+            // SAFETY: a NUL-terminated path of ours and the caller's flags.
+            let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), flags, 0) };
+            return if fd < 0 { Err(errno()) } else { Ok(Opened::Fd(fd as c_int)) };
+        }
+    };
+    let is_dir = kura_fs::layout::is_dir(inode.mode);
+    if flags & libc::O_DIRECTORY != 0 && !is_dir {
+        return Err(libc::ENOTDIR);
+    }
+    let (fd, file) = create_placeholder(inode.ino, is_dir, flags, path)?;
+    if is_dir {
+        *file.dir_inode.lock() = Some(inode);
+    }
+    state.fds.install(fd, Arc::new(file));
+    Ok(Opened::Fd(fd))
+}
+
+/// EBADF for a descriptor opened with `O_PATH` (the kernel's `fdget` of I/O calls skips them).
+fn no_io(of: &OpenFile) -> Result<(), i32> {
+    if of.flags() & libc::O_PATH != 0 { Err(libc::EBADF) } else { Ok(()) }
 }
 
 /// The kernel FIFO that stands for kura FIFO `ino` on this host (made if missing), beside
@@ -842,6 +880,7 @@ extern "C" fn h_dup2(old: c_int, new: c_int) -> c_int {
 // read, write, seek
 
 fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Option<u64>) -> Result<c_long, i32> {
+    no_io(of)?;
     if of.is_dir {
         return Err(libc::EISDIR);
     }
@@ -875,6 +914,7 @@ fn kura_read(state: &State, of: &OpenFile, buf: *mut u8, count: usize, at: Optio
 }
 
 fn kura_write(state: &State, of: &OpenFile, buf: *const u8, count: usize, at: Option<u64>) -> Result<c_long, i32> {
+    no_io(of)?;
     let flags = of.flags();
     // A directory is open read-only: EBADF, as Linux checks the access mode first.
     if flags & libc::O_ACCMODE == libc::O_RDONLY || of.is_dir {
@@ -1004,6 +1044,7 @@ fn kura_readv(state: &State, of: &OpenFile, iov: *const libc::iovec, cnt: c_int,
     // Nothing to read is 0 once the descriptor may read, a directory too (the kernel's
     // do_iter_read stops before the file's read, which a directory refuses).
     if iov.iter().all(|v| v.iov_len == 0) {
+        no_io(of)?;
         return if of.flags() & libc::O_ACCMODE == libc::O_WRONLY { Err(libc::EBADF) } else { Ok(0) };
     }
     let mut total: c_long = 0;
@@ -1108,6 +1149,7 @@ extern "C" fn h_pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, offset:
 }
 
 fn kura_lseek(state: &State, of: &OpenFile, offset: i64, whence: c_int) -> Result<c_long, i32> {
+    no_io(of)?;
     if of.is_dir {
         if whence != libc::SEEK_SET || offset < 0 {
             return Err(libc::EINVAL);
@@ -1160,6 +1202,7 @@ extern "C" fn h_fsync(fd: c_int) -> c_int {
             && let Some(of) = state.fds.get(fd)
         {
             return ret_int(with_fs(state, |fs| {
+                no_io(&of)?;
                 if of.is_dir {
                     fs.kv().flush().map_err(fs_errno)?;
                 } else {
@@ -1211,6 +1254,7 @@ extern "C" fn h_syncfs(fd: c_int) -> c_int {
 }
 
 fn kura_set_size(state: &State, of: &OpenFile, size: i64) -> Result<c_int, i32> {
+    no_io(of)?;
     if size < 0 {
         return Err(libc::EINVAL);
     }
@@ -1277,6 +1321,7 @@ extern "C" fn h_truncate(path: *const c_char, len: i64) -> c_int {
 }
 
 fn kura_fallocate(state: &State, of: &OpenFile, mode: c_int, offset: i64, len: i64) -> Result<c_int, i32> {
+    no_io(of)?;
     if offset < 0 || len <= 0 {
         return Err(libc::EINVAL);
     }
@@ -1931,6 +1976,23 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
             unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
             return n as isize;
         }
+        // An empty path names the descriptor's own file: a link opened with O_PATH|O_NOFOLLOW.
+        if let Some(state) = active()
+            // SAFETY: libc's contract.
+            && unsafe { bytes(path) }.is_some_and(<[u8]>::is_empty)
+            && let Some(of) = state.fds.get(dirfd)
+        {
+            return ret(with_fs(state, |fs| {
+                let target = kura_fs::ns::link_target(fs.getattr(of.ino).map_err(fs_errno)?).map_err(|_| libc::ENOENT)?;
+                if size == 0 {
+                    return Err(libc::EINVAL);
+                }
+                let n = target.len().min(size);
+                // SAFETY: the caller's buffer holds `size` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
+                Ok(n as c_long)
+            })) as isize;
+        }
         // The link's inode comes with the walk (one round trip for a path walked before).
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_inode(state, fs, start, rel, false)? {
             (Resolved::Found { .. }, Some(inode)) => {
@@ -2012,6 +2074,11 @@ fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_
     let p = unsafe { bytes(path) };
     if p.is_none_or(<[u8]>::is_empty) {
         if let Some(of) = state.fds.get(dirfd) {
+            // fchmod(fd) and futimens(fd) are I/O on the descriptor; the AT_EMPTY_PATH forms
+            // (a path of "") name the file, and take an O_PATH one.
+            if let (None, Err(e)) = (p, no_io(&of)) {
+                return ret_int(Err(e));
+            }
             return ret_int(with_fs(state, |fs| match fs.getattr_open(of.ino) {
                 // A directory removed while open: its attributes live on in this process's
                 // descriptors until they close, and change there, as on Linux.
@@ -2967,6 +3034,7 @@ pub fn dispatch_fstat(fd: c_int, st: *mut libc::stat) -> c_int {
 
 /// `getdents64` on a kura directory: its listing (taken at offset 0), `.` and `..` first.
 pub fn kura_getdents(state: &State, of: &OpenFile, buf: *mut u8, count: usize) -> Result<c_long, i32> {
+    no_io(of)?;
     if !of.is_dir {
         return Err(libc::ENOTDIR);
     }

@@ -7,6 +7,7 @@ preload and through the FUSE mount, and compares the lines.
 
 import errno
 import os
+import stat
 import sys
 
 
@@ -157,6 +158,31 @@ def descriptor_calls_checked_as_the_kernel_does(root):
     return out
 
 
+def o_path_descriptors(root):
+    # O_PATH names a file without opening it for I/O (kura opened it for reading): a link with
+    # O_NOFOLLOW is one (kura: ELOOP), readlinkat(fd, "") reads it, fstat and *at calls work,
+    # reads, writes, lseek, fchmod, fsync and listings are EBADF.
+    link = os.open(f"{root}/link", os.O_PATH | os.O_NOFOLLOW)
+    d = os.open(f"{root}/dir", os.O_PATH)
+    f = os.open(f"{root}/file", os.O_PATH)
+    out = [
+        attempt(lambda: stat.S_ISLNK(os.fstat(link).st_mode)),
+        attempt(lambda: os.readlink("", dir_fd=link)),
+        attempt(lambda: os.fstat(f).st_size),
+        attempt(lambda: stat.S_ISDIR(os.stat("sub", dir_fd=d).st_mode)),
+        attempt(lambda: os.read(f, 1)),
+        attempt(lambda: os.write(f, b"x")),
+        attempt(lambda: os.lseek(f, 0, 0)),
+        attempt(lambda: os.chmod(f, 0o600)),
+        attempt(lambda: os.fsync(d)),
+        attempt(lambda: os.listdir(d)),
+        attempt(lambda: os.open(f"{root}/file", os.O_PATH | os.O_DIRECTORY)),
+    ]
+    for fd in (link, d, f):
+        os.close(fd)
+    return out
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -170,6 +196,7 @@ CASES = [
     a_links_trailing_slash_asks_for_a_directory,
     fstat_of_a_directory_removed_after_a_chmod,
     descriptor_calls_checked_as_the_kernel_does,
+    o_path_descriptors,
 ]
 
 
