@@ -452,10 +452,7 @@ impl FileDevice {
             if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,
-                    format!(
-                        "{} is in use by another open of it (another kura process, or this one): a store has one engine at a time; stop the other, or serve the store with `kura serve` and use kura:// URLs",
-                        path.display()
-                    ),
+                    format!("{} is in use by another open of it (another kura process, or this one): one engine per store", path.display()),
                 ));
             }
             return Err(error);
