@@ -439,24 +439,8 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
-    /// Opens (or creates) the store at `path`, which no other open of it may be using: an
-    /// exclusive `flock` held as long as the device lives. Two engines on one file would each
-    /// fill and reclaim blocks the other thinks are its own (a second `kura serve` on a data
-    /// directory, a preloaded program beside a server): the second open fails with
-    /// `WouldBlock` ("in use") instead.
     pub fn open(path: &Path, options: &FileDeviceOptions) -> io::Result<Self> {
         let (file, direct) = Self::open_file(path, options)?;
-        // SAFETY: flock on a descriptor this function owns; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!("{} is in use by another open of it (another kura process, or this one): one engine per store", path.display()),
-                ));
-            }
-            return Err(error);
-        }
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let len_bytes = if is_block {
@@ -784,24 +768,6 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_store_has_one_open_at_a_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store");
-        let options = FileDeviceOptions { create: true, size_bytes: Some(1 << 20), direct_io: false };
-        let first = FileDevice::open(&path, &options).unwrap();
-        let refused = FileDevice::open(&path, &options).err().expect("a second open while the first lives");
-        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
-        assert!(refused.to_string().contains("in use"), "{refused}");
-        // From another process too (the lock is the kernel's, not this process's).
-        let flock = std::process::Command::new("flock").args(["-n", "-x"]).arg(&path).arg("true").status();
-        if let Ok(status) = flock {
-            assert!(!status.success(), "flock(1) got the lock of an open store");
-        }
-        drop(first);
-        FileDevice::open(&path, &options).unwrap();
-    }
 
     fn page(byte: u8) -> AlignedBuf {
         let mut buf = AlignedBuf::zeroed(4096);
