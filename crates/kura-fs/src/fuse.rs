@@ -145,14 +145,18 @@ impl KuraFuse {
     /// Keeps the copies open handles of directory `inode` hold up to date, for
     /// [`KuraFuse::removed_open_dir`] (a chmod before the rmdir shows, as on Linux).
     fn refresh_open_dir(&self, inode: &Inode) {
-        if !crate::layout::is_dir(inode.mode) {
-            return;
+        if crate::layout::is_dir(inode.mode) {
+            self.update_open_dir(inode.ino, |held| *held = inode.clone());
         }
+    }
+
+    /// Changes the copy every open handle of directory `ino` holds.
+    fn update_open_dir(&self, ino: u64, mut change: impl FnMut(&mut Inode)) {
         for handle in self.handles.lock().values_mut() {
             if let Handle::Dir { inode: held, .. } = handle
-                && held.ino == inode.ino
+                && held.ino == ino
             {
-                *held = inode.clone();
+                change(held);
             }
         }
     }
@@ -213,13 +217,7 @@ impl Filesystem for KuraFuse {
             // A directory removed while open changes in its handles' copies, as on Linux.
             Err(FsError::NotFound) if attr.size.is_none() && self.removed_open_dir(ino.0).is_some() => {
                 let now = crate::ns::now_ns();
-                for handle in self.handles.lock().values_mut() {
-                    if let Handle::Dir { inode: held, .. } = handle
-                        && held.ino == ino.0
-                    {
-                        crate::ns::apply_setattr(held, &attr, now);
-                    }
-                }
+                self.update_open_dir(ino.0, |held| crate::ns::apply_setattr(held, &attr, now));
                 match self.removed_open_dir(ino.0) {
                     Some(inode) => reply.attr(&self.ttl, &self.attr(&inode)),
                     None => reply.error(Errno::ENOENT),

@@ -55,9 +55,15 @@ fn root_entry() -> DirEntry {
     DirEntry { name: Vec::new(), ino: ROOT_INO, dtype: libc::DT_DIR }
 }
 
+/// The last name of `path`, slashes after it ignored (`a/b//` -> `b`); `None` for the root
+/// and the empty path.
+pub fn last_name(path: &[u8]) -> Option<&[u8]> {
+    path.split(|&b| b == b'/').rev().find(|c| !c.is_empty())
+}
+
 /// Whether the last name of `path` is `.` (`d/.`, `d/./`).
 fn ends_in_dot(path: &[u8]) -> bool {
-    path.split(|&b| b == b'/').rev().find(|c| !c.is_empty()) == Some(b".".as_slice())
+    last_name(path) == Some(b".".as_slice())
 }
 
 /// Puts `path`'s components on the walk's stack (`todo`, walked from its end), in front of
@@ -115,10 +121,9 @@ pub fn trim_slashes(path: &[u8]) -> &[u8] {
 /// The directory a path's last name is in, as a path that must name a directory: `a/b/c` ->
 /// `a/b/.`, `c` -> `.`, `d/..` -> `d/.`, `/x` and `/` -> `/.`.
 pub fn parent_dir_of(path: &[u8]) -> Vec<u8> {
-    let trimmed = &path[..path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
+    let trimmed = trim_slashes(path);
     let mut out = match trimmed.iter().rposition(|&b| b == b'/') {
         Some(i) => trimmed[..=i].to_vec(),
-        None if path.first() == Some(&b'/') => b"/".to_vec(),
         None => b"./".to_vec(),
     };
     out.push(b'.');
@@ -180,7 +185,7 @@ pub enum NameOp {
 /// name). Lexical: it must see the caller's path before `.` and `..` are normalised away, or
 /// `rmdir("d/.")` removes `d`.
 pub fn check_last_component(path: &[u8], op: NameOp) -> Result<()> {
-    let last = path.split(|&b| b == b'/').rev().find(|c| !c.is_empty());
+    let last = last_name(path);
     let errno_of = |is_dot: bool| match op {
         NameOp::Create => FsError::Exists,
         NameOp::Unlink => FsError::IsDir,
@@ -613,6 +618,9 @@ mod tests {
         assert_eq!(trim_slashes(b"a/b//"), b"a/b");
         assert_eq!(trim_slashes(b"/"), b"/");
         assert_eq!(trim_slashes(b"a"), b"a");
+        assert_eq!(last_name(b"a/b//"), Some(&b"b"[..]));
+        assert_eq!(last_name(b"/"), None);
+        assert_eq!(last_name(b"d/."), Some(&b"."[..]));
     }
 
     #[test]

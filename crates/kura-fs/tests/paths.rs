@@ -8,6 +8,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use common::embedded;
 use kura_fs::path::{Follow, Resolved};
@@ -39,6 +40,15 @@ fn build(fs: &Fs, host: &Path) {
     std::os::unix::fs::symlink("a/b/c", host.join("lnk")).unwrap();
     std::os::unix::fs::symlink("a/b/c/f", host.join("flnk")).unwrap();
     std::os::unix::fs::symlink("loop", host.join("loop")).unwrap();
+}
+
+/// A file system on a fresh embedded store with [`build`]'s tree, and the host's copy of it
+/// in `host` of the directory returned (which must outlive both).
+fn tree() -> (tempfile::TempDir, Arc<Fs>) {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
+    build(&fs, &dir.path().join("host"));
+    (dir, fs)
 }
 
 /// What `lstat` says of a resolved path, as the host's answer is put: the name of the file
@@ -83,10 +93,8 @@ fn name_of(fs: &Fs, ino: u64) -> String {
 
 #[test]
 fn walks_end_where_the_kernels_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
+    let (dir, fs) = tree();
     let host = dir.path().join("host");
-    build(&fs, &host);
     // The host's inode numbers of the names, to say which file the host found.
     let names = ["", "a", "a/b", "a/b/c", "a/b/c/f", "a/f2", "lnk", "flnk", "loop"];
     let host_inos: Vec<(u64, &str)> = names.iter().map(|n| (std::fs::symlink_metadata(host.join(n)).unwrap().ino(), *n)).collect();
@@ -105,9 +113,7 @@ fn walks_end_where_the_kernels_do() {
 
 #[test]
 fn out_of_the_root_and_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
-    build(&fs, &dir.path().join("host"));
+    let (_dir, fs) = tree();
     let a = fs.resolve(ROOT_INO, b"a", follow(false), MOUNT).unwrap().ino();
     assert_eq!(fs.resolve(ROOT_INO, b"../kura/a", follow(false), MOUNT).unwrap().ino(), a);
     assert_eq!(fs.resolve(ROOT_INO, b"a/../../kura/./a/b/..", follow(false), MOUNT).unwrap().ino(), a);
@@ -127,9 +133,7 @@ fn out_of_the_root_and_back() {
 
 #[test]
 fn physical_paths_take_links_before_dotdot() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
-    build(&fs, &dir.path().join("host"));
+    let (_dir, fs) = tree();
     let physical = |path: &str| {
         let (resolved, names) = fs.resolve_physical(path.as_bytes(), follow(true), MOUNT).unwrap();
         assert!(matches!(resolved, Resolved::Found { .. }), "{path}: {resolved:?}");
@@ -145,9 +149,7 @@ fn physical_paths_take_links_before_dotdot() {
 
 #[test]
 fn a_creates_trailing_slash_neither_follows_nor_asks_for_a_directory() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
-    build(&fs, &dir.path().join("host"));
+    let (_dir, fs) = tree();
     let flnk = fs.resolve(ROOT_INO, b"flnk", follow(false), MOUNT).unwrap().ino();
     // `link(x, "flnk/")` and `mkdir("a/f2/")` are EEXIST in the kernel, not ENOTDIR.
     assert_eq!(fs.resolve_parent(ROOT_INO, b"flnk/", follow(false), MOUNT).unwrap().ino(), flnk);
@@ -159,9 +161,7 @@ fn a_creates_trailing_slash_neither_follows_nor_asks_for_a_directory() {
 
 #[test]
 fn a_links_trailing_slash_applies_to_the_last_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = Fs::open(embedded(dir.path()), FsConfig { name: "paths".into(), ..FsConfig::default() }, ROOT).unwrap();
-    build(&fs, &dir.path().join("host"));
+    let (_dir, fs) = tree();
     fs.symlink(ROOT_INO, b"to_new", b"new/", ROOT).unwrap();
     fs.symlink(ROOT_INO, b"to_f2", b"a/f2/", ROOT).unwrap();
     fs.symlink(ROOT_INO, b"to_dot", b"a/b/.", ROOT).unwrap();

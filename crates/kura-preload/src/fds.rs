@@ -34,11 +34,8 @@ pub fn open_descriptors() -> Vec<i32> {
 /// The inode number of `fd` if it may be a placeholder: a regular file of
 /// [`SHARED_BYTES`] with no name (a memfd's `nlink` is 0).
 fn placeholder_like(fd: i32) -> Option<u64> {
-    // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is writable and lives across the call.
-    let r = unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
-    (r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size == SHARED_BYTES as i64 && st.st_nlink == 0).then_some(st.st_ino)
+    let st = raw::fstat(fd).ok()?;
+    (st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size == SHARED_BYTES as i64 && st.st_nlink == 0).then_some(st.st_ino)
 }
 
 /// The name of a host file kura keeps beside the lock file of `ino`: that file's name plus

@@ -67,13 +67,18 @@ pub mod raw {
         unsafe { crate::raw_syscall!(libc::SYS_munmap, addr, len) };
     }
 
-    /// The kernel's `(st_dev, st_ino)` of `fd`.
-    pub fn fstat_id(fd: i32) -> Result<(u64, u64), i32> {
+    /// The kernel's `stat` of `fd`.
+    pub fn fstat(fd: i32) -> Result<libc::stat, i32> {
         // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `st` is writable and lives across the call.
         res(unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) })?;
-        Ok((st.st_dev, st.st_ino))
+        Ok(st)
+    }
+
+    /// The kernel's `(st_dev, st_ino)` of `fd`.
+    pub fn fstat_id(fd: i32) -> Result<(u64, u64), i32> {
+        fstat(fd).map(|st| (st.st_dev, st.st_ino))
     }
 
     /// The kernel's `(st_dev, st_ino)` of the file at `path` (NUL-terminated).
@@ -299,10 +304,15 @@ pub(crate) fn resolve_for_change(state: &State, fs: &Fs, start: u64, rel: &[u8],
 }
 
 /// [`resolve`] for a new name: the walk also reads the last directory's inode, for the
-/// permission check and the create ([`Fs::resolve_parent`]).
-pub(crate) fn resolve_parent(state: &State, fs: &Fs, start: u64, rel: &[u8]) -> Result<Resolved, i32> {
+/// permission check and the create ([`Fs::resolve_parent`]). A missing name with a trailing
+/// slash asks for a directory: ENOENT unless one is made (`dir`, for `mkdir`), as the
+/// kernel's `filename_create`.
+pub(crate) fn resolve_parent(state: &State, fs: &Fs, start: u64, rel: &[u8], dir: bool) -> Result<Resolved, i32> {
     let searcher = cred_unless_root();
-    fs.resolve_parent(start, rel, Follow { last: false, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)
+    match fs.resolve_parent(start, rel, Follow { last: false, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)? {
+        Resolved::Missing { .. } if !dir && rel.ends_with(b"/") => Err(libc::ENOENT),
+        resolved => Ok(resolved),
+    }
 }
 
 /// The inode that `parent/name` (looked up as `entry`) names, for the permission checks of a
@@ -524,10 +534,9 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     let accmode = flags & libc::O_ACCMODE;
     let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
     if creat && rel.ends_with(b"/") {
-        // The kernel refuses a trailing slash with O_CREAT once the directory is walked,
-        // before it looks at (or follows) the last name.
-        resolve(state, fs, start, &kura_fs::path::parent_dir_of(rel), true)?;
-        return Err(libc::EISDIR);
+        // The kernel refuses a trailing slash with O_CREAT before it looks at (or follows)
+        // the last name.
+        return Err(after_parent_walk(state, fs, start, rel, libc::EISDIR));
     }
     // A path with `..` from the root: the descriptor's path is the one the walk took (the
     // working directory after `fchdir`, `/proc/self/fd/N`), not the lexical one, which
@@ -656,6 +665,15 @@ fn open_path_only(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     }
     state.fds.install(fd, Arc::new(file));
     Ok(Opened::Fd(fd))
+}
+
+/// `errno`, once the directory `rel`'s last name is in has been walked: the kernel looks up a
+/// path's parent before it refuses its last name (so a missing or bad directory wins).
+fn after_parent_walk(state: &State, fs: &Fs, start: u64, rel: &[u8], errno: i32) -> i32 {
+    match resolve(state, fs, start, &kura_fs::path::parent_dir_of(rel), true) {
+        Err(walk) => walk,
+        Ok(_) => errno,
+    }
 }
 
 /// EBADF for a descriptor opened with `O_PATH` (the kernel's `fdget` of I/O calls skips them).
@@ -1641,11 +1659,6 @@ fn refuse_dots_of(paths: &[(c_int, *const c_char, kura_fs::path::NameOp)]) -> Re
     Err(refused)
 }
 
-fn last_component(rel: &[u8]) -> &[u8] {
-    let trimmed = rel.strip_suffix(b"/").unwrap_or(rel);
-    trimmed.rsplit(|&b| b == b'/').next().unwrap_or(trimmed)
-}
-
 extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
     guard(-1, || {
         if let Err(e) = refuse_dots(dirfd, path, kura_fs::path::NameOp::Create) {
@@ -1655,7 +1668,7 @@ extern "C" fn h_mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_in
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_mkdirat, d, p, mode) as c_int }
         };
-        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel)? {
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel, true)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
             Resolved::Missing { parent, name } => {
                 check_create_in(fs, parent)?;
@@ -1680,10 +1693,8 @@ extern "C" fn h_mknodat(dirfd: c_int, path: *const c_char, mode: c_uint, dev: li
             // SAFETY: passing the caller's arguments to the kernel.
             unsafe { crate::raw_syscall!(libc::SYS_mknodat, d, p, mode, dev) as c_int }
         };
-        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel)? {
+        path_op(dirfd, path, raw_call, |state, fs, start, rel, _| match resolve_parent(state, fs, start, rel, false)? {
             Resolved::Found { .. } => Err(libc::EEXIST),
-            // A trailing slash asks for a directory (the kernel's `filename_create`).
-            Resolved::Missing { .. } if rel.ends_with(b"/") => Err(libc::ENOENT),
             Resolved::Missing { parent, name } => {
                 let kind = if mode & libc::S_IFMT == 0 { libc::S_IFREG } else { mode & libc::S_IFMT };
                 check_create_in(fs, parent)?;
@@ -1713,9 +1724,9 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
         path_op(dirfd, path, raw_call, |state, fs, start, rel, _| {
             let rmdir = flags & libc::AT_REMOVEDIR != 0;
             if rmdir {
-                match last_component(rel) {
-                    b"." => return Err(libc::EINVAL),
-                    b".." => return Err(libc::ENOTEMPTY),
+                match kura_fs::path::last_name(rel) {
+                    Some(b".") => return Err(libc::EINVAL),
+                    Some(b"..") => return Err(libc::ENOTEMPTY),
                     _ => {}
                 }
             }
@@ -1882,11 +1893,9 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
                 };
                 // `.` or `..` as the new name, after the old name's lookup (as the kernel).
                 if let Err(refused) = kura_fs::path::check_last_component(n, kura_fs::path::NameOp::Create) {
-                    resolve(state, fs, ns, &kura_fs::path::parent_dir_of(&nrel), true)?;
-                    return Err(refused.errno());
+                    return Err(after_parent_walk(state, fs, ns, &nrel, refused.errno()));
                 }
-                match resolve_parent(state, fs, ns, &nrel)? {
-                    Resolved::Missing { .. } if nrel.ends_with(b"/") => Err(libc::ENOENT),
+                match resolve_parent(state, fs, ns, &nrel, false)? {
                     Resolved::Missing { parent, name } => {
                         check_create_in(fs, parent)?;
                         fs.link(ino, parent, &name).map_err(fs_errno)?;
@@ -1929,9 +1938,8 @@ extern "C" fn h_symlinkat(target: *const c_char, dirfd: c_int, path: *const c_ch
             // SAFETY: libc's contract.
             let t = unsafe { bytes(target) }.ok_or(libc::EFAULT)?;
             kura_fs::path::check_path_len(t).map_err(|e| e.errno())?;
-            match resolve_parent(state, fs, start, rel)? {
+            match resolve_parent(state, fs, start, rel, false)? {
                 Resolved::Found { .. } => Err(libc::EEXIST),
-                Resolved::Missing { .. } if rel.ends_with(b"/") => Err(libc::ENOENT),
                 Resolved::Missing { parent, name } => {
                     check_create_in(fs, parent)?;
                     fs.symlink(parent, &name, t, owner()).map_err(fs_errno)?;
@@ -1971,10 +1979,7 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
             && let Some(p) = unsafe { bytes(path) }
             && let Some(target) = proc_fd_path(state, p)
         {
-            let n = target.len().min(size);
-            // SAFETY: the caller's buffer holds `size` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
-            return n as isize;
+            return copy_link(&target, buf, size) as isize;
         }
         // An empty path names the descriptor's own file: a link opened with O_PATH|O_NOFOLLOW.
         if let Some(state) = active()
@@ -1987,10 +1992,7 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
                 if size == 0 {
                     return Err(libc::EINVAL);
                 }
-                let n = target.len().min(size);
-                // SAFETY: the caller's buffer holds `size` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
-                Ok(n as c_long)
+                Ok(copy_link(&target, buf, size) as c_long)
             })) as isize;
         }
         // The link's inode comes with the walk (one round trip for a path walked before).
@@ -2000,15 +2002,20 @@ extern "C" fn h_readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, 
                     return Err(libc::EINVAL);
                 }
                 let target = kura_fs::ns::link_target(inode).map_err(fs_errno)?;
-                let n = target.len().min(size);
-                // SAFETY: the caller's buffer holds `size` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
-                Ok(n as c_int)
+                Ok(copy_link(&target, buf, size) as c_int)
             }
             (Resolved::Found { .. }, None) | (Resolved::Missing { .. }, _) => Err(libc::ENOENT),
             (Resolved::Outside(abs), _) => outside(&abs, &raw_call),
         }) as isize
     })
+}
+
+/// readlink(2)'s copy: as much of `target` as `size` bytes hold, no NUL; the bytes copied.
+fn copy_link(target: &[u8], buf: *mut c_char, size: usize) -> usize {
+    let n = target.len().min(size);
+    // SAFETY: the caller's buffer holds `size` bytes (readlink(2)'s contract).
+    unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
+    n
 }
 
 extern "C" fn h_readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
@@ -2753,13 +2760,7 @@ fn copy_end(state: &State, fd: c_int) -> Result<(c_int, bool, bool), i32> {
         return Ok((of.flags(), of.is_dir, !of.is_dir));
     }
     let flags = raw::fcntl(fd, libc::F_GETFL, 0)?;
-    // SAFETY: a zeroed stat is a valid value; fstat writes only into it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is writable and lives across the call.
-    if unsafe { crate::raw_syscall!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } < 0 {
-        return Err(errno());
-    }
-    let kind = st.st_mode & libc::S_IFMT;
+    let kind = raw::fstat(fd)?.st_mode & libc::S_IFMT;
     Ok((flags, kind == libc::S_IFDIR, kind == libc::S_IFREG))
 }
 

@@ -201,16 +201,12 @@ fn raw_connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> 
 /// Binds `fd` at kura path `rel` (from directory `start`): a new socket node and its
 /// abstract name. `Ok(Some(addr))`: a symlink led outside the mount; the kernel binds there.
 fn kura_bind(state: &State, fs: &Fs, fd: c_int, start: u64, rel: &[u8], path: &[u8]) -> Result<Option<Addr>, i32> {
-    let (parent, name) = match crate::hooks::resolve_parent(state, fs, start, rel)? {
+    let (parent, name) = match crate::hooks::resolve_parent(state, fs, start, rel, false)? {
         // The kernel's EEXIST from creating the file, reported as a socket's error.
         Resolved::Found { .. } => return Err(libc::EADDRINUSE),
         Resolved::Outside(abs) => return Addr::new(&abs).map(Some),
         Resolved::Missing { parent, name } => (parent, name),
     };
-    if rel.ends_with(b"/") {
-        // A trailing slash asks for a directory (the kernel's `filename_create`).
-        return Err(libc::ENOENT);
-    }
     cred().check_create(&fs.getattr_fresh(parent).map_err(fs_errno)?).map_err(fs_errno)?;
     if is_bound(fd)? {
         return Err(libc::EINVAL);
