@@ -71,9 +71,35 @@ enum BenchCommand {
     Block(bench_block::BlockBenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{}", error_report(&error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `Error: ` and the error, then each cause its text does not already carry: the libraries'
+/// errors (thiserror's) put their source in their own message, and anyhow's report would
+/// print the same words once per layer.
+fn error_report(error: &anyhow::Error) -> String {
+    let mut report = format!("Error: {error}");
+    let mut last = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !last.contains(&text) {
+            report.push_str(&format!("\n  caused by: {text}"));
+        }
+        last = text;
+    }
+    report
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Engine { command } => engine_cmd::run(command),
         Command::Bench { command: BenchCommand::Engine(args) } => bench_engine::run(&args),
@@ -96,4 +122,32 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_report_says_each_cause_once() {
+        #[derive(Debug)]
+        struct Wrapped {
+            source: std::io::Error,
+        }
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "I/O error during open: {}", self.source)
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.source)
+            }
+        }
+        let inner = std::io::Error::other("s.kura is in use");
+        let error = anyhow::Error::new(Wrapped { source: inner }).context("cannot open the store at s.kura");
+        assert_eq!(error_report(&error), "Error: cannot open the store at s.kura\n  caused by: I/O error during open: s.kura is in use");
+        let plain = anyhow::anyhow!("no such volume").context("kura block nbd");
+        assert_eq!(error_report(&plain), "Error: kura block nbd\n  caused by: no such volume");
+    }
 }

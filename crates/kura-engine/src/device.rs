@@ -436,11 +436,23 @@ pub struct FileDevice {
     direct: bool,
     /// A regular file (not a block device).
     regular: bool,
+    /// A second open of the store holding its exclusive `flock` for as long as the device
+    /// lives ([`FileDevice::lock`]).
+    _lock: File,
 }
 
+/// How long [`FileDevice::open`] waits for another open of the store to let go of it (a
+/// process that is exiting, a server being stopped) before it refuses.
+pub const STORE_LOCK_WAIT_MS_MAX: u64 = 500;
+
 impl FileDevice {
+    /// Opens (or creates) the store at `path`, which no other open may be using: two engines
+    /// on one file would each fill and reclaim blocks the other thinks its own, and neither
+    /// would see the other's writes (a second `kura serve` on a data directory, programs
+    /// preloaded on one embedded store). A second open fails with `WouldBlock` ("in use").
     pub fn open(path: &Path, options: &FileDeviceOptions) -> io::Result<Self> {
         let (file, direct) = Self::open_file(path, options)?;
+        let lock = Self::lock(path)?;
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let len_bytes = if is_block {
@@ -454,7 +466,37 @@ impl FileDevice {
             file.metadata()?.len()
         };
         let alignment_bytes = if is_block { block_device_sector_bytes(&file)? } else { dio_offset_alignment_bytes(&file).unwrap_or(512) };
-        Ok(Self { file, len_bytes, alignment_bytes: alignment_bytes.max(512), direct, regular: !is_block })
+        Ok(Self { file, len_bytes, alignment_bytes: alignment_bytes.max(512), direct, regular: !is_block, _lock: lock })
+    }
+
+    /// An exclusive `flock` of the store, on a descriptor of its own: the one the engine reads
+    /// through is also io_uring's, and a ring's requests hold its file after the process that
+    /// made them is gone (the ring is torn down after the process is reaped), so a lock on it
+    /// would outlive a `kill -9`; this one goes when the process's descriptors close.
+    /// Waits up to [`STORE_LOCK_WAIT_MS_MAX`] for a holder that is going away.
+    fn lock(path: &Path) -> io::Result<File> {
+        let file = OpenOptions::new().read(true).open(path).map(crate::fd::keep_high)?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(STORE_LOCK_WAIT_MS_MAX);
+        loop {
+            // SAFETY: flock on a descriptor this function owns; no memory is passed.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(file);
+            }
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(error);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is in use by another open of it (another kura process, or this one): a store has one engine at a time; stop the other, or serve the store with `kura serve` and reach it through kura:// URLs",
+                        path.display()
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     fn open_file(path: &Path, options: &FileDeviceOptions) -> io::Result<(File, bool)> {
@@ -768,6 +810,31 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_has_one_open_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let options = FileDeviceOptions { create: true, size_bytes: Some(1 << 20), direct_io: false };
+        let first = FileDevice::open(&path, &options).unwrap();
+        let started = std::time::Instant::now();
+        let refused = FileDevice::open(&path, &options).err().expect("a second open while the first lives");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(STORE_LOCK_WAIT_MS_MAX), "refused before the wait");
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
+        assert!(refused.to_string().contains("in use"), "{refused}");
+        // From another process too (the lock is the kernel's, not this process's).
+        let flock = std::process::Command::new("flock").args(["-n", "-x"]).arg(&path).arg("true").status();
+        if let Ok(status) = flock {
+            assert!(!status.success(), "flock(1) got the lock of an open store");
+        }
+        // A holder that goes away within the wait hands the store over.
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(STORE_LOCK_WAIT_MS_MAX / 5));
+            drop(first);
+        });
+        FileDevice::open(&path, &options).expect("open once the first is dropped");
+        releaser.join().unwrap();
+    }
 
     fn page(byte: u8) -> AlignedBuf {
         let mut buf = AlignedBuf::zeroed(4096);

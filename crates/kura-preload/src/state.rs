@@ -327,7 +327,14 @@ impl State {
                 Ok(self.fs_open.get_or_init(|| fs))
             }
             Err(e) => {
-                crate::hooks::complain(&format!("libkura_fs: cannot open the file system: {e}"));
+                // An embedded store is one process's: a program started by another preloaded
+                // program of it finds the store in use.
+                let hint = if self.embedded && e.to_string().contains("is in use") {
+                    " (an embedded pool serves one process; to share the file system between processes, run without --pool embedded: kura fs run then starts a local server)"
+                } else {
+                    ""
+                };
+                crate::hooks::complain(&format!("libkura_fs: cannot open the file system: {e}{hint}"));
                 slot.failed_at = Some(std::time::Instant::now());
                 slot.error = Some(e.clone());
                 Err(e)

@@ -1631,6 +1631,32 @@ print("child wrote", os.waitstatus_to_exitcode(status))
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child wrote 0\n");
 }
 
+/// A program started by a preloaded program on an embedded store runs no engine of its own on
+/// the store: the store is in use by its parent's, so its kura calls fail (EIO) with the reason
+/// and the way out, and the parent's files are whole. Before the store was locked, the child
+/// ran a second engine on the file: it did not see the parent's unsynced writes, and each
+/// reclaimed blocks the other thought its own.
+#[test]
+fn a_program_started_on_an_embedded_store_in_use_is_refused_with_the_reason() {
+    let env = Env::new();
+    let script = r#"
+import os, subprocess
+with open("/kura/f", "w") as f:
+    f.write("parent")
+child = subprocess.run(["cat", "/kura/f"], capture_output=True, text=True)
+print("child", child.returncode, child.stdout == "")
+print(child.stderr.strip().splitlines()[0] if child.stderr else "no message")
+print(open("/kura/f").read())
+"#;
+    let out = env.command(&["--pool", "embedded", "--store-size", "256M"], &["python3", "-c", script]).output().unwrap();
+    check(&out, &["python3", "an exec'd child on an embedded store"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"child 1 True"), "{stdout}");
+    assert!(lines[1].contains("is in use by another open of it") && lines[1].contains("run without --pool embedded"), "{stdout}");
+    assert_eq!(lines.get(2), Some(&"parent"), "{stdout}");
+}
+
 #[test]
 fn a_full_pool_is_enospc_not_a_crash() {
     let env = Env::new();

@@ -7,7 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Client, Kura, SERVER_BIN};
+use common::{Client, Kura, SERVER_BIN, SMALL};
 
 /// Loads items of several sizes (so some are sealed on flash and some are
 /// still in write buffers), with flags, TTLs, a delete and a flush.
@@ -437,6 +437,33 @@ fn refuses_a_store_of_another_mode_and_an_item_limit_its_blocks_cannot_hold() {
         !status.success() && stderr.contains("UDP is not supported"),
         "{stderr}"
     );
+}
+
+/// One engine per store: a second server on a store another serves is refused with the
+/// reason (two engines would each reclaim blocks the other thinks its own, and neither would
+/// see the other's writes), the first goes on serving, and once it is killed a restart can
+/// open the store at once (the lock goes with the process, not with its io_uring).
+#[test]
+fn a_second_server_on_a_served_store_is_refused() {
+    let mut kura = Kura::start(&[]);
+    kura.client().set("k", b"v1");
+    let out = Command::new(SERVER_BIN)
+        .args(["-p", "0", "--path"])
+        .arg(kura.store_path())
+        .args(SMALL)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second server on the store started: {stderr}");
+    assert!(stderr.contains("is in use by another open of it"), "{stderr}");
+    let mut c = kura.client();
+    assert_eq!(c.get("k").as_deref(), Some(&b"v1"[..]), "the first server after the refusal");
+    c.expect("set k 0 0 2\r\nv2\r\n", "STORED\r\n");
+    c.expect("sync\r\n", "OK\r\n");
+    drop(c);
+    kura.kill();
+    kura.restart();
+    assert_eq!(kura.client().get("k").as_deref(), Some(&b"v2"[..]));
 }
 
 /// `stats` names the process start (`kura_instance_id`): the same on every connection of one
