@@ -35,14 +35,24 @@ pub const CACHE_TIMEOUT_MAX: Duration = Duration::from_secs(3600);
 
 enum Handle {
     File { node: Arc<Node>, flags: i32 },
-    /// `inode`: the directory as opened, for `fstat` after an `rmdir` deleted its record.
-    Dir { entries: Vec<DirEntry>, inode: Inode },
+    /// `ino`: the directory, whose attributes [`KuraFuse::open_dirs`] keeps.
+    Dir { entries: Vec<DirEntry>, ino: u64 },
+}
+
+/// A directory some handles have open: how many, and its attributes as last seen, for
+/// `fstat` after an `rmdir` deleted its record.
+struct OpenDir {
+    handles: usize,
+    inode: Inode,
 }
 
 /// The file system as a FUSE server.
 pub struct KuraFuse {
     fs: Arc<Fs>,
     handles: Mutex<HashMap<u64, Handle>>,
+    /// The directories open handles have, by inode number (a getattr looks here, not
+    /// through every handle).
+    open_dirs: Mutex<HashMap<u64, OpenDir>>,
     next_handle: AtomicU64,
     /// How long the kernel may answer lookups and `stat` from its own cache.
     ttl: Duration,
@@ -94,7 +104,7 @@ impl KuraFuse {
     /// `ttl`: how long the kernel may keep the entries and attributes it is given (the FUSE
     /// entry and attribute timeouts), at most [`CACHE_TIMEOUT_MAX`].
     pub fn new(fs: Arc<Fs>, ttl: Duration) -> Self {
-        Self { fs, handles: Mutex::new(HashMap::new()), next_handle: AtomicU64::new(1), ttl: ttl.min(CACHE_TIMEOUT_MAX) }
+        Self { fs, handles: Mutex::new(HashMap::new()), open_dirs: Mutex::new(HashMap::new()), next_handle: AtomicU64::new(1), ttl: ttl.min(CACHE_TIMEOUT_MAX) }
     }
 
     fn attr(&self, inode: &Inode) -> FileAttr {
@@ -133,11 +143,7 @@ impl KuraFuse {
     /// A directory removed while open stays, as on Linux, a directory with no links (its
     /// record went at `rmdir`; the kernel asks for its attributes without the handle).
     fn removed_open_dir(&self, ino: u64) -> Option<Inode> {
-        let handles = self.handles.lock();
-        let mut inode = handles.values().find_map(|h| match h {
-            Handle::Dir { inode, .. } if inode.ino == ino => Some(inode.clone()),
-            _ => None,
-        })?;
+        let mut inode = self.open_dirs.lock().get(&ino)?.inode.clone();
         inode.nlink = 0;
         Some(inode)
     }
@@ -150,13 +156,31 @@ impl KuraFuse {
         }
     }
 
-    /// Changes the copy every open handle of directory `ino` holds.
-    fn update_open_dir(&self, ino: u64, mut change: impl FnMut(&mut Inode)) {
-        for handle in self.handles.lock().values_mut() {
-            if let Handle::Dir { inode: held, .. } = handle
-                && held.ino == ino
-            {
-                change(held);
+    /// Changes the copy kept of open directory `ino`, if it is open.
+    fn update_open_dir(&self, ino: u64, change: impl FnOnce(&mut Inode)) {
+        if let Some(open) = self.open_dirs.lock().get_mut(&ino) {
+            change(&mut open.inode);
+        }
+    }
+
+    /// A handle of directory `inode` opens: its attributes as of now are kept.
+    fn open_dir(&self, entries: Vec<DirEntry>, inode: Inode) -> FileHandle {
+        let ino = inode.ino;
+        let mut open_dirs = self.open_dirs.lock();
+        let open = open_dirs.entry(ino).or_insert_with(|| OpenDir { handles: 0, inode: inode.clone() });
+        open.handles += 1;
+        open.inode = inode;
+        drop(open_dirs);
+        self.add_handle(Handle::Dir { entries, ino })
+    }
+
+    /// A handle of directory `ino` is released.
+    fn close_dir(&self, ino: u64) {
+        let mut open_dirs = self.open_dirs.lock();
+        if let Some(open) = open_dirs.get_mut(&ino) {
+            open.handles -= 1;
+            if open.handles == 0 {
+                open_dirs.remove(&ino);
             }
         }
     }
@@ -369,12 +393,18 @@ impl Filesystem for KuraFuse {
     }
 
     fn release(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
-        match self.handles.lock().remove(&fh.0) {
+        // The handle table is not held across the write-back.
+        let removed = self.handles.lock().remove(&fh.0);
+        match removed {
             Some(Handle::File { node, .. }) => match self.fs.release(&node) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             },
-            _ => reply.ok(),
+            Some(Handle::Dir { ino, .. }) => {
+                self.close_dir(ino);
+                reply.ok()
+            }
+            None => reply.ok(),
         }
     }
 
@@ -401,7 +431,7 @@ impl Filesystem for KuraFuse {
             Ok((entries, dir))
         });
         match listing {
-            Ok((entries, inode)) => reply.opened(self.add_handle(Handle::Dir { entries, inode }), FopenFlags::empty()),
+            Ok((entries, inode)) => reply.opened(self.open_dir(entries, inode), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -420,7 +450,10 @@ impl Filesystem for KuraFuse {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.handles.lock().remove(&fh.0);
+        let removed = self.handles.lock().remove(&fh.0);
+        if let Some(Handle::Dir { ino, .. }) = removed {
+            self.close_dir(ino);
+        }
         reply.ok();
     }
 
