@@ -270,6 +270,9 @@ struct NodeInner {
     leave_openers: bool,
     /// The record that swap left, when it did.
     left_openers: Option<Inode>,
+    /// Chunks stored or deleted as zeros since the size was last written back, for the
+    /// record's holes ([`crate::holes`]).
+    changes: crate::holes::ChunkChanges,
 }
 
 /// The cache's shared counters and queues.
@@ -361,6 +364,7 @@ impl Node {
                 error: None,
                 leave_openers: false,
                 left_openers: None,
+                changes: crate::holes::ChunkChanges::default(),
             }),
             wb_lock: Mutex::new(0),
             stale: AtomicBool::new(false),
@@ -1035,6 +1039,8 @@ impl Fs {
         let end = offset + data.len() as u64;
         let mut items = Vec::new();
         let mut holes = Vec::new();
+        // Each chunk's index, and whether it went as zeros.
+        let mut noted = Vec::new();
         let mut done = 0usize;
         while done < data.len() {
             let at = offset + done as u64;
@@ -1055,11 +1061,13 @@ impl Fs {
             };
             // A chunk of zeros is deleted, as write-back does: it reads the same, takes no
             // room, and `SEEK_HOLE` finds it (which asks only whether chunks exist).
-            if kura_pool::is_zeros(&value) {
+            let zeros = kura_pool::is_zeros(&value);
+            if zeros {
                 holes.push(self.keys.chunk(node.ino, index));
             } else {
                 items.push((self.keys.chunk(node.ino, index), value));
             }
+            noted.push((index, zeros));
             done += n;
         }
         self.kv.set_many(&items)?;
@@ -1075,6 +1083,14 @@ impl Fs {
                 page.data[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
             }
             done += n;
+        }
+        // Noted once stored (see `crate::holes`: data leaves the holes after it is there).
+        for &(index, zeros) in &noted {
+            if zeros {
+                inner.changes.zeros(index);
+            } else {
+                inner.changes.data(index);
+            }
         }
         if end > inner.size {
             inner.size = end;
@@ -1294,6 +1310,8 @@ impl Fs {
             // a file written full of zeros (a raw disk image, a preallocated log) takes no
             // room in the pool.
             let mut holes = Vec::new();
+            // Each chunk's index, and whether it goes as zeros.
+            let mut noted: Vec<(u64, bool)> = Vec::new();
             let mut indexes: Vec<u64> = Vec::new();
             // Pages are copied a few at a time, the node's lock dropped in between, so writers
             // to the file wait for one short copy, never for a whole batch. Each page's length
@@ -1316,11 +1334,13 @@ impl Fs {
                     taken += 1;
                     if len > 0 {
                         let data = &page.data[..len];
-                        if kura_pool::is_zeros(data) {
+                        let zeros = kura_pool::is_zeros(data);
+                        if zeros {
                             holes.push(self.keys.chunk(node.ino, index));
                         } else {
                             items.push((self.keys.chunk(node.ino, index), data.to_vec()));
                         }
+                        noted.push((index, zeros));
                     }
                 }
                 inner.dirty -= taken;
@@ -1348,9 +1368,21 @@ impl Fs {
                         }
                     }
                 }
-                if let Err(e) = &written {
-                    inner.meta_dirty |= meta;
-                    inner.error = Some(e.clone());
+                match &written {
+                    Err(e) => {
+                        inner.meta_dirty |= meta;
+                        inner.error = Some(e.clone());
+                    }
+                    // Noted once stored (see `crate::holes`).
+                    Ok(()) => {
+                        for &(index, zeros) in &noted {
+                            if zeros {
+                                inner.changes.zeros(index);
+                            } else {
+                                inner.changes.data(index);
+                            }
+                        }
+                    }
                 }
             }
             self.cache.room.notify_all();
@@ -1367,9 +1399,17 @@ impl Fs {
     /// The write-back of a last close also removes this process from the openers in that
     /// swap (`leave_openers`).
     fn write_back_meta(&self, node: &Arc<Node>, size: u64, mtime: Option<i64>) -> Result<()> {
-        let leaving = std::mem::take(&mut node.inner.lock().leave_openers).then(|| self.opener());
+        let (leaving, changes) = {
+            let mut inner = node.inner.lock();
+            (std::mem::take(&mut inner.leave_openers).then(|| self.opener()), std::mem::take(&mut inner.changes))
+        };
+        let chunk = self.chunk as u64;
         let updated = self.update_inode(node.ino, |i| {
+            let old_size = i.size;
             i.size = i.size.max(size);
+            if crate::layout::file_type(i.mode) == libc::S_IFREG {
+                changes.apply(&mut i.holes, chunk, old_size, i.size);
+            }
             if let Some(t) = mtime {
                 i.mtime_ns = t;
                 i.ctime_ns = i.ctime_ns.max(t);
@@ -1411,6 +1451,11 @@ impl Fs {
                 inner.meta_dirty = true;
                 inner.mtime_ns = inner.mtime_ns.or(mtime);
                 inner.error = Some(e.clone());
+                // The changes were not applied: the next write-back forgets the record's
+                // holes rather than keep one where data now is.
+                if !changes.is_empty() {
+                    inner.changes.forget_holes();
+                }
                 Err(e)
             }
         }
@@ -1495,6 +1540,13 @@ impl Fs {
         }
         let now = now_ns();
         let updated = self.update_inode(ino, |i| {
+            // Chunks past the old size are holes (none is stored there); those past the new
+            // one are gone.
+            if size > i.size {
+                crate::holes::add(&mut i.holes, (i.size.div_ceil(chunk), size.div_ceil(chunk)));
+            }
+            crate::holes::clip(&mut i.holes, size.div_ceil(chunk));
+            crate::holes::cap(&mut i.holes, crate::holes::HOLE_RANGES_MAX);
             i.size = size;
             i.mtime_ns = now;
             i.ctime_ns = now;
@@ -1647,6 +1699,14 @@ mod tests {
     /// the child never inherits one held by a thread it does not have (the worker takes its
     /// state lock each time it wakes; a child forked then hung in its fork handler).
     /// A file system on an embedded engine in `dir`.
+    /// A file system on an embedded store in `dir`, and a new file `f` in it.
+    fn fs_with_a_file(dir: &std::path::Path) -> (Arc<Fs>, Inode) {
+        let fs = embedded_fs(dir);
+        let owner = crate::ns::Owner { uid: 0, gid: 0 };
+        let (inode, _) = fs.create(crate::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", owner, true).unwrap();
+        (fs, inode)
+    }
+
     fn embedded_fs(dir: &std::path::Path) -> Arc<Fs> {
         let mut config = kura_pool::PoolConfig::embedded(&dir.join("fs.kura"), 256 << 20);
         config.engine.block_size_bytes = 1 << 20;
@@ -1675,9 +1735,7 @@ mod tests {
     #[test]
     fn reads_past_a_short_chunk_are_zeros() {
         let dir = tempfile::tempdir().unwrap();
-        let owner = crate::ns::Owner { uid: 0, gid: 0 };
-        let fs = embedded_fs(dir.path());
-        let (inode, _) = fs.create(crate::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", owner, true).unwrap();
+        let (fs, inode) = fs_with_a_file(dir.path());
         let node = fs.open_node(&inode).unwrap();
         fs.write(&node, 0, b"abcdefgh", WriteMode::Direct).unwrap();
         fs.write(&node, 5000, b"z", WriteMode::Direct).unwrap();
@@ -1692,15 +1750,64 @@ mod tests {
         fs.release(&node).unwrap();
     }
 
+    /// The record's holes (`st_blocks`) follow what is stored, through every path that stores
+    /// or deletes chunks: buffered and direct writes of data and of zeros, punched ranges,
+    /// a size grown by `truncate` or by a write past the end, and a size cut. At every step
+    /// no chunk the record calls a hole is stored (the set under-states holes, never data),
+    /// and here, one process writing, it is exact.
+    #[test]
+    fn the_records_holes_follow_what_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, inode) = fs_with_a_file(dir.path());
+        let ino = inode.ino;
+        let node = fs.open_node(&inode).unwrap();
+        let chunk = fs.chunk as u64;
+        let check = |step: &str| {
+            fs.writeback(&node).unwrap();
+            let record = fs.getattr(ino).unwrap();
+            let chunks = record.size.div_ceil(chunk);
+            let keys: Vec<_> = (0..chunks).map(|i| fs.keys.chunk(ino, i)).collect();
+            let stored: Vec<bool> = fs.kv().get_many(&keys).unwrap().iter().map(Option::is_some).collect();
+            let holes: Vec<bool> = (0..chunks).map(|i| record.holes.iter().any(|&(s, e)| s <= i && i < e)).collect();
+            let expect: Vec<bool> = stored.iter().map(|&s| !s).collect();
+            assert_eq!(holes, expect, "{step}: holes {:?}", record.holes);
+            let data_bytes = record.size - crate::holes::hole_bytes(&record.holes, chunk, record.size);
+            assert_eq!(record.blocks(chunk), if record.size == 0 { 0 } else { data_bytes.div_ceil(512).max(1) }, "{step}");
+        };
+        fs.truncate(ino, 64 * chunk).unwrap();
+        check("truncate up");
+        fs.write(&node, 10 * chunk + 5, b"data", WriteMode::Buffered).unwrap();
+        check("a buffered write into a hole");
+        fs.write(&node, 20 * chunk, &vec![3u8; 4 * chunk as usize], WriteMode::Direct).unwrap();
+        check("a direct write");
+        fs.write(&node, 21 * chunk, &vec![0u8; chunk as usize], WriteMode::Direct).unwrap();
+        check("direct zeros");
+        fs.write(&node, 22 * chunk, &vec![0u8; 2 * chunk as usize], WriteMode::Buffered).unwrap();
+        check("buffered zeros");
+        fs.fallocate(&node, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, (10 * chunk) as i64, chunk as i64).unwrap();
+        check("a punched hole");
+        fs.write(&node, 100 * chunk + 1, b"past the end", WriteMode::Buffered).unwrap();
+        check("a write past the end");
+        fs.truncate(ino, 21 * chunk + 7).unwrap();
+        check("truncate down");
+        fs.write(&node, 0, &vec![9u8; 30 * chunk as usize], WriteMode::Buffered).unwrap();
+        check("rewritten whole");
+        assert!(fs.getattr(ino).unwrap().holes.is_empty());
+        fs.truncate(ino, 0).unwrap();
+        check("emptied");
+        fs.truncate(ino, 3 * chunk).unwrap();
+        fs.release(&node).unwrap();
+        let record = fs.getattr(ino).unwrap();
+        assert_eq!((record.holes.as_slice(), record.blocks(chunk)), (&[(0, 3)][..], 1), "after the last close");
+    }
+
     /// Chunks written back full of zeros are deleted, not stored (a missing chunk reads as
     /// zeros): zeros over data remove the data's chunk, a partly zero chunk is kept, and every
     /// byte reads back, through the cache and straight from the pool.
     #[test]
     fn chunks_of_zeros_take_no_room_in_the_pool() {
         let dir = tempfile::tempdir().unwrap();
-        let owner = crate::ns::Owner { uid: 0, gid: 0 };
-        let fs = embedded_fs(dir.path());
-        let (inode, _) = fs.create(crate::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", owner, true).unwrap();
+        let (fs, inode) = fs_with_a_file(dir.path());
         let node = fs.open_node(&inode).unwrap();
         let chunk = fs.chunk;
         fs.write(&node, 0, &vec![7u8; 4 * chunk], WriteMode::Buffered).unwrap();

@@ -111,7 +111,7 @@ impl KuraFuse {
         FileAttr {
             ino: INodeNo(inode.ino),
             size: inode.size,
-            blocks: inode.size.div_ceil(512),
+            blocks: inode.blocks(self.fs.chunk_size_bytes() as u64),
             atime: time(inode.atime_ns),
             mtime: time(inode.mtime_ns),
             ctime: time(inode.ctime_ns),

@@ -265,8 +265,12 @@ pub struct Inode {
     pub openers: Vec<Opener>,
     /// Extended attributes, `(name, value)` in the order they were first set (names with their
     /// namespace prefix; see [`XATTRS_BYTES_MAX`]). Encoded after the openers, only when there
-    /// are any.
+    /// are any or holes follow.
     pub xattrs: Vec<Xattr>,
+    /// Regular files: chunks known to be holes, for `st_blocks` (see [`crate::holes`]; at most
+    /// [`crate::holes::HOLE_RANGES_MAX`] ranges). Encoded after the extended attributes, only
+    /// when there are any.
+    pub holes: Vec<crate::holes::ChunkRange>,
 }
 
 /// One extended attribute: `(name, value)`.
@@ -290,7 +294,14 @@ impl Inode {
             target: Vec::new(),
             openers: Vec::new(),
             xattrs: Vec::new(),
+            holes: Vec::new(),
         }
+    }
+
+    /// `st_blocks`: 512-byte units of the file that are not known holes (see
+    /// [`crate::holes::allocated_blocks`]).
+    pub fn blocks(&self, chunk_bytes: u64) -> u64 {
+        crate::holes::allocated_blocks(&self.holes, chunk_bytes, self.size)
     }
 
     /// Bytes of names and values of the extended attributes (counted against
@@ -312,13 +323,14 @@ impl Inode {
         }
         out.extend_from_slice(&(self.target.len() as u16).to_le_bytes());
         out.extend_from_slice(&self.target);
-        if !self.openers.is_empty() || !self.xattrs.is_empty() {
+        let holes = !self.holes.is_empty();
+        if !self.openers.is_empty() || !self.xattrs.is_empty() || holes {
             out.extend_from_slice(&(self.openers.len() as u16).to_le_bytes());
             for opener in &self.openers {
                 opener.encode_into(&mut out);
             }
         }
-        if !self.xattrs.is_empty() {
+        if !self.xattrs.is_empty() || holes {
             assert!(self.xattrs.len() <= usize::from(u16::MAX) && self.xattr_bytes() <= XATTRS_BYTES_MAX, "xattrs bounded where they are set");
             out.extend_from_slice(&(self.xattrs.len() as u16).to_le_bytes());
             for (name, value) in &self.xattrs {
@@ -327,6 +339,14 @@ impl Inode {
                 out.extend_from_slice(&(value.len() as u32).to_le_bytes());
                 out.extend_from_slice(name);
                 out.extend_from_slice(value);
+            }
+        }
+        if holes {
+            assert!(self.holes.len() <= crate::holes::HOLE_RANGES_MAX && crate::holes::is_valid(&self.holes), "holes bounded where they change");
+            out.extend_from_slice(&(self.holes.len() as u16).to_le_bytes());
+            for &(start, end) in &self.holes {
+                out.extend_from_slice(&start.to_le_bytes());
+                out.extend_from_slice(&end.to_le_bytes());
             }
         }
         debug_assert_eq!(Inode::decode(b"", &out).as_ref(), Ok(self));
@@ -340,8 +360,8 @@ impl Inode {
         }
         let target_len = u16::from_le_bytes([b[INODE_FIXED_BYTES - 2], b[INODE_FIXED_BYTES - 1]]) as usize;
         let openers_at = INODE_FIXED_BYTES + target_len;
-        let (openers, xattrs) = match b.len().checked_sub(openers_at) {
-            Some(0) => (Vec::new(), Vec::new()),
+        let (openers, xattrs, holes) = match b.len().checked_sub(openers_at) {
+            Some(0) => (Vec::new(), Vec::new(), Vec::new()),
             Some(rest) if rest >= 2 => {
                 let count = u16::from_le_bytes([b[openers_at], b[openers_at + 1]]) as usize;
                 let xattrs_at = openers_at + 2 + OPENER_BYTES * count;
@@ -350,8 +370,8 @@ impl Inode {
                     return Err(corrupt("inode length does not match its openers"));
                 }
                 let openers = (0..count).map(|i| Opener::decode(&b[openers_at + 2 + OPENER_BYTES * i..])).collect();
-                let xattrs = if xattrs_at == b.len() { Vec::new() } else { decode_xattrs(&b[xattrs_at..]).map_err(corrupt)? };
-                (openers, xattrs)
+                let (xattrs, holes) = if xattrs_at == b.len() { (Vec::new(), Vec::new()) } else { decode_xattrs_and_holes(&b[xattrs_at..]).map_err(corrupt)? };
+                (openers, xattrs, holes)
             }
             _ => return Err(corrupt("inode length does not match its symlink target")),
         };
@@ -373,21 +393,49 @@ impl Inode {
             target: b[INODE_FIXED_BYTES..openers_at].to_vec(),
             openers,
             xattrs,
+            holes,
         })
     }
 }
 
-/// An inode's extended attributes section: a count (at least one), then each attribute's name
-/// length (u8), value length (u32), name and value; nothing after the last.
-fn decode_xattrs(b: &[u8]) -> std::result::Result<Vec<Xattr>, &'static str> {
+/// The sections after the openers: extended attributes (a count of 0 only when holes
+/// follow), then, if anything is left, the holes: a count (at least one), then each range's
+/// first and end chunk (u64 each); nothing after the last.
+fn decode_xattrs_and_holes(b: &[u8]) -> std::result::Result<(Vec<Xattr>, Vec<crate::holes::ChunkRange>), &'static str> {
+    let (xattrs, at) = decode_xattrs(b)?;
+    if at == b.len() {
+        if xattrs.is_empty() {
+            return Err("an empty extended attributes section");
+        }
+        return Ok((xattrs, Vec::new()));
+    }
+    let rest = &b[at..];
+    const TRUNCATED: &str = "inode length does not match its holes";
+    if rest.len() < 2 {
+        return Err(TRUNCATED);
+    }
+    let count = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+    if count == 0 || count > crate::holes::HOLE_RANGES_MAX {
+        return Err("a holes section out of bounds");
+    }
+    if rest.len() != 2 + 16 * count {
+        return Err(TRUNCATED);
+    }
+    let holes: Vec<_> = (0..count).map(|i| (u64_at(rest, 2 + 16 * i), u64_at(rest, 10 + 16 * i))).collect();
+    if !crate::holes::is_valid(&holes) {
+        return Err("holes out of order");
+    }
+    Ok((xattrs, holes))
+}
+
+/// An inode's extended attributes section: a count, then each attribute's name length (u8),
+/// value length (u32), name and value; and where the section ends.
+fn decode_xattrs(b: &[u8]) -> std::result::Result<(Vec<Xattr>, usize), &'static str> {
     const TRUNCATED: &str = "inode length does not match its extended attributes";
     if b.len() < 2 {
         return Err(TRUNCATED);
     }
     let count = u16::from_le_bytes([b[0], b[1]]) as usize;
-    if count == 0 {
-        return Err("an empty extended attributes section");
-    }
     let mut xattrs = Vec::with_capacity(count.min(b.len() / 6));
     let mut at = 2;
     let mut total = 0usize;
@@ -407,10 +455,7 @@ fn decode_xattrs(b: &[u8]) -> std::result::Result<Vec<Xattr>, &'static str> {
         xattrs.push((name.to_vec(), value.to_vec()));
         at += 5 + name_len + value_len;
     }
-    if at != b.len() {
-        return Err(TRUNCATED);
-    }
-    Ok(xattrs)
+    Ok((xattrs, at))
 }
 
 /// One directory entry.
@@ -530,6 +575,35 @@ mod tests {
                 assert!(Inode::decode(b"k", &bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
+        // Holes, with and without openers and extended attributes before them.
+        inode.mode = libc::S_IFREG | 0o644;
+        inode.target.clear();
+        inode.holes = vec![(0, 3), (5, 1 << 40)];
+        for (openers, xattrs) in [(true, true), (false, true), (true, false), (false, false)] {
+            let mut with = inode.clone();
+            if !openers {
+                with.openers.clear();
+            }
+            if !xattrs {
+                with.xattrs.clear();
+            }
+            let bytes = with.encode();
+            assert_eq!(Inode::decode(b"k", &bytes).unwrap(), with);
+            for cut in INODE_FIXED_BYTES + 1..bytes.len() {
+                assert!(Inode::decode(b"k", &bytes[..cut]).map_or(true, |i| i.holes.is_empty()), "cut at {cut} kept the holes");
+            }
+        }
+        // Holes out of order, or an empty holes section, are refused.
+        let mut bad = Inode::new(5, libc::S_IFREG | 0o644, 0, 0, 1).encode();
+        bad.extend_from_slice(&0u16.to_le_bytes());
+        bad.extend_from_slice(&0u16.to_le_bytes());
+        let mut unordered = bad.clone();
+        unordered.extend_from_slice(&1u16.to_le_bytes());
+        unordered.extend_from_slice(&4u64.to_le_bytes());
+        unordered.extend_from_slice(&4u64.to_le_bytes());
+        assert!(Inode::decode(b"k", &unordered).is_err());
+        bad.extend_from_slice(&0u16.to_le_bytes());
+        assert!(Inode::decode(b"k", &bad).is_err());
         // An openers count of zero with nothing after it is not a record kura writes.
         let mut bare = Inode::new(5, libc::S_IFREG | 0o644, 0, 0, 1).encode();
         bare.extend_from_slice(&0u16.to_le_bytes());
@@ -543,12 +617,16 @@ mod tests {
         fn inodes_round_trip_and_garbage_never_panics(
             openers in proptest::collection::vec((proptest::num::u64::ANY, proptest::num::u32::ANY), 0..4),
             xattrs in proptest::collection::vec((proptest::collection::vec(1u8..=255, 1..40), proptest::collection::vec(proptest::num::u8::ANY, 0..300)), 0..6),
+            holes in proptest::collection::vec((0u64..1000, 1u64..50), 0..8),
             garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..400),
             flip in (proptest::num::usize::ANY, 1u8..=255),
         ) {
             let mut inode = Inode::new(3, libc::S_IFREG | 0o600, 1, 2, 3);
             inode.openers = openers.iter().map(|&(machine, pid)| Opener { machine, boot: 1, pid, start_ticks: 2, instance: 3 }).collect();
             inode.xattrs = xattrs;
+            for (start, len) in holes {
+                crate::holes::add(&mut inode.holes, (start, start + len));
+            }
             let bytes = inode.encode();
             proptest::prop_assert_eq!(Inode::decode(b"k", &bytes).unwrap(), inode);
             let _ = Inode::decode(b"k", &garbage);

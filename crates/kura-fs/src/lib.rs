@@ -29,6 +29,7 @@ pub mod cache;
 pub mod elf;
 pub mod error;
 pub mod fuse;
+pub mod holes;
 pub mod kv;
 pub mod layout;
 pub mod memo;

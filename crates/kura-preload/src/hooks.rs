@@ -347,7 +347,7 @@ fn fill_stat(st: *mut libc::stat, inode: &Inode, chunk: usize) {
     s.st_rdev = u64::from(inode.rdev);
     s.st_size = inode.size as i64;
     s.st_blksize = chunk as i64;
-    s.st_blocks = (inode.size.div_ceil(512)) as i64;
+    s.st_blocks = inode.blocks(chunk as u64) as i64;
     s.st_atime = inode.atime_ns.div_euclid(1_000_000_000);
     s.st_atime_nsec = inode.atime_ns.rem_euclid(1_000_000_000);
     s.st_mtime = inode.mtime_ns.div_euclid(1_000_000_000);
@@ -376,7 +376,7 @@ fn fill_statx(st: *mut libc::statx, inode: &Inode, chunk: usize) {
     s.stx_mode = inode.mode as u16;
     s.stx_ino = inode.ino;
     s.stx_size = inode.size;
-    s.stx_blocks = inode.size.div_ceil(512);
+    s.stx_blocks = inode.blocks(chunk as u64);
     s.stx_atime = ts(inode.atime_ns);
     s.stx_mtime = ts(inode.mtime_ns);
     s.stx_ctime = ts(inode.ctime_ns);

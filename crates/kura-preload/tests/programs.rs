@@ -663,6 +663,36 @@ fn seek_data_and_hole_as_on_the_kernel() {
 /// `df` and `statvfs` of the mount report the pool's room: the store's capacity (`--store-size`
 /// 2G), and less available after 64 MiB are written (a new process looks it up again);
 /// `df -i` shows no inode counts, as on btrfs. They were constants (1 TiB, half free).
+/// `st_blocks` tells a sparse file from a dense one, as on the kernel: `du` of a file made
+/// by `truncate` and of one with a punched range, `cp` (which looks for holes only when
+/// `st_blocks` is short) keeps a copy sparse, and `tar --sparse` stores only the data and
+/// extracts the same bytes. Compared with the kernel on a host directory, with the
+/// differences that are kura's own: an empty-looking file still has one block (GNU tar takes
+/// a file with no blocks as all holes without reading it), and a chunk written as zeros
+/// takes no room.
+#[test]
+fn sparse_files_are_sparse_to_du_cp_and_tar() {
+    let script = r#"cd "$1"
+truncate -s 64M sparse
+printf data | dd of=sparse bs=4096 seek=1000 conv=notrunc status=none
+head -c 1048576 /dev/urandom | dd of=sparse bs=4096 seek=5000 conv=notrunc status=none
+fallocate -p -o $((5000*4096)) -l 524288 sparse
+cp sparse copy
+cmp sparse copy && echo same
+for f in sparse copy; do echo "$f $(stat -c %s $f) $(( $(stat -c %b $f) / 8 ))"; done
+head -c 3145728 /dev/urandom > dense
+echo "dense $(du -k dense | cut -f1)"
+tar --sparse -cf ../t.tar sparse
+echo "tar at most 1 MiB: $(( $(stat -c %s ../t.tar) <= 1048576 ))"
+mkdir x && tar -C x -xf ../t.tar && cmp sparse x/sparse && echo "extracted $(( $(stat -c %b x/sparse) / 8 ))"
+rm ../t.tar
+"#;
+    let (want, got) = kernel_and_kura(script);
+    // In 4 KiB units: the 64 MiB file holds one chunk of `data` and 128 of random bytes.
+    assert_eq!(want, "same\nsparse 67108864 129\ncopy 67108864 129\ndense 3072\ntar at most 1 MiB: 1\nextracted 129\n", "on the kernel");
+    assert_eq!(got, want, "under the preload (left) and on the kernel (right)");
+}
+
 #[test]
 fn df_reports_the_pools_room() {
     let env = Env::new();
