@@ -1490,7 +1490,8 @@ impl Fs {
 
     /// Sets the size of `ino`: cached pages and pool chunks past it are dropped, the boundary
     /// chunk is cut, the record updated.
-    pub(crate) fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+    /// Sets the size of file `ino`; returns its record as left (this process's view on it).
+    pub(crate) fn truncate(&self, ino: u64, size: u64) -> Result<Inode> {
         if size > FILE_SIZE_BYTES_MAX {
             return Err(FsError::TooBig);
         }
@@ -1559,7 +1560,9 @@ impl Fs {
             inner.generation = updated.generation;
         }
         self.cache.room.notify_all();
-        Ok(())
+        let mut inode = updated;
+        self.overlay_local(&mut inode);
+        Ok(inode)
     }
 
     /// Frees pages until the cache is under its limit: evicts clean pages oldest first and,

@@ -1033,11 +1033,13 @@ impl Fs {
 
     /// `chmod`, `chown`, `truncate`, `utimensat`.
     pub fn setattr(&self, ino: u64, attr: SetAttr) -> Result<Inode> {
-        if let Some(size) = attr.size {
-            self.truncate(ino, size)?;
-        }
+        let truncated = attr.size.map(|size| self.truncate(ino, size)).transpose()?;
         if attr.mode.is_none() && attr.uid.is_none() && attr.gid.is_none() && attr.atime_ns.is_none() && attr.mtime_ns.is_none() {
-            return self.getattr(ino);
+            // The record the size change left, read again only when there was none.
+            return match truncated {
+                Some(inode) => Ok(inode),
+                None => self.getattr(ino),
+            };
         }
         let now = now_ns();
         if attr.mtime_ns.is_some() {

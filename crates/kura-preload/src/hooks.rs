@@ -574,13 +574,18 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             let perm = mode & 0o7777 & !umask_now();
             let (inode, created) = fs.create_open(parent, &name, perm, owner(), excl).map_err(fs_errno)?;
             made = created;
-            inode
+            // Made by another process since the walk: an existing file, truncated as below.
+            if !created && flags & libc::O_TRUNC != 0 && inode.mode & libc::S_IFMT == libc::S_IFREG {
+                fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?
+            } else {
+                inode
+            }
         }
         Resolved::Found { .. } => {
             if creat && excl {
                 return Err(libc::EEXIST);
             }
-            let inode = found.ok_or(libc::ENOENT)?;
+            let mut inode = found.ok_or(libc::ENOENT)?;
             match inode.mode & libc::S_IFMT {
                 // Linux checks O_DIRECTORY before it refuses the link (O_NOFOLLOW).
                 libc::S_IFLNK => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ELOOP }),
@@ -598,9 +603,10 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                     if (accmode != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && crate::text::busy(inode.ino) {
                         return Err(libc::ETXTBSY);
                     }
-                    // Linux truncates for O_RDONLY too (POSIX leaves it undefined).
-                    if flags & libc::O_TRUNC != 0 && inode.size != 0 {
-                        fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
+                    // Linux truncates for O_RDONLY too (POSIX leaves it undefined), and an empty
+                    // file too: its mtime and ctime are set (`: > stamp` marks a build step).
+                    if flags & libc::O_TRUNC != 0 {
+                        inode = fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
                     }
                 }
                 libc::S_IFIFO if flags & libc::O_DIRECTORY == 0 => {
@@ -613,7 +619,6 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         }
     };
     let is_dir = kura_fs::layout::is_dir(inode.mode);
-    let inode = if !is_dir && flags & libc::O_TRUNC != 0 { fs.getattr(inode.ino).map_err(fs_errno)? } else { inode };
     // A file unlinked since the lookup fails here, before a descriptor exists.
     let node = match (is_dir, made) {
         (true, _) => None,

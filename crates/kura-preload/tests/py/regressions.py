@@ -183,6 +183,18 @@ def o_path_descriptors(root):
     return out
 
 
+def o_trunc_sets_the_times_of_an_empty_file(root):
+    # Linux truncates at an O_TRUNC open whatever the size, so `: > stamp` sets the mtime and
+    # ctime of an empty file too (kura left an empty file alone).
+    path = f"{root}/stamp"
+    open(path, "w").close()
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+    before = os.stat(path)
+    os.close(os.open(path, os.O_WRONLY | os.O_TRUNC))
+    after = os.stat(path)
+    return [after.st_mtime > before.st_mtime, after.st_ctime >= before.st_ctime, after.st_size]
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -197,6 +209,7 @@ CASES = [
     fstat_of_a_directory_removed_after_a_chmod,
     descriptor_calls_checked_as_the_kernel_does,
     o_path_descriptors,
+    o_trunc_sets_the_times_of_an_empty_file,
 ]
 
 
