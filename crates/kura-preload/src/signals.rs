@@ -21,7 +21,8 @@
 //! thread (which blocks every signal) through a pipe. Interrupting user code, it waits for
 //! the answer for at most [`WRITEBACK_WAIT_MS`] and ends the process. Interrupting a kura call
 //! (which may hold the locks the write-back needs), it returns at once and the service ends the
-//! process itself. Either way the service first waits for the kura calls in progress to
+//! process itself; threads leaving kura calls meanwhile stop there ([`stop_if_ending`]), so
+//! the program does not run on after the signal. Either way the service first waits for the kura calls in progress to
 //! finish and keeps new ones out ([`CALLS_FINISH_WAIT_MS`]), so a write is in the pool whole
 //! or not at all. The pipes, the service's process id and which signals carry kura's handler
 //! live in statics: a signal handler cannot reach anything else.
@@ -294,7 +295,9 @@ extern "C" fn on_signal(sig: c_int) {
     }
     if state::busy() {
         // Inside a kura call, which may hold the locks a write-back needs: the service lets
-        // it finish, then writes back and ends the process.
+        // it finish, then writes back and ends the process. The call's thread stops at its
+        // end ([`stop_if_ending`]) instead of running on into the program.
+        ENDING_BY.store(sig, Ordering::Release);
         let byte = [sig as u8];
         // SAFETY: write is async-signal-safe; the buffer is ours.
         if unsafe { libc::write(request, byte.as_ptr().cast(), 1) } == 1 {
@@ -312,6 +315,25 @@ extern "C" fn on_signal(sig: c_int) {
                 libc::read(done, answer.as_mut_ptr().cast(), 1);
             }
         }
+    }
+    die(sig);
+}
+
+/// The signal the write-back service is ending the process by (0: none).
+static ENDING_BY: AtomicI32 = AtomicI32::new(0);
+
+/// Called at the end of a thread's outermost kura call: when the service is ending the
+/// process by a signal, this thread waits for it (the service writes back first, at most
+/// [`CALLS_FINISH_WAIT_MS`] after the calls it waits for), then ends the process itself if it
+/// still runs.
+pub fn stop_if_ending() {
+    let sig = ENDING_BY.load(Ordering::Acquire);
+    if sig == 0 || SERVICE_PID.load(Ordering::Acquire) != kura_fs::process_id() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(CALLS_FINISH_WAIT_MS + WRITEBACK_WAIT_MS as u64);
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     die(sig);
 }

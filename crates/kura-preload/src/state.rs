@@ -154,6 +154,19 @@ impl Drop for GateGuard<'_> {
     }
 }
 
+impl Drop for KuraCall<'_> {
+    /// The end of a thread's outermost kura call: when a signal's default action is ending
+    /// the process (it came during a kura call, and the write-back service ends the process
+    /// once the calls are done, see [`crate::signals`]), the thread goes no further, as no
+    /// thread runs on in a process the kernel ends.
+    fn drop(&mut self) {
+        // The gate first: the service waits for the calls in progress to finish.
+        if self._gate.take().is_some() {
+            crate::signals::stop_if_ending();
+        }
+    }
+}
+
 #[derive(Default)]
 struct FsSlot {
     fs: Option<Arc<Fs>>,

@@ -360,6 +360,36 @@ os.kill(os.getpid(), signal.SIGINT); time.sleep(5)'
     assert_eq!(got, want, "kura's signal answers differ from the kernel's");
 }
 
+/// A signal whose default action ends the program, arriving in the middle of a kura call (a
+/// long write): the program runs no further, as on the kernel, and dies by the signal. The
+/// write-back service ends the process once the call is done and its data written back; the
+/// thread that made the call used to return into the program meanwhile, which printed after
+/// its death warrant and, when it finished first, exited 0 (seen once in this suite, from
+/// `signal_dispositions_look_like_the_kernels`).
+#[test]
+fn a_fatal_signal_during_a_kura_call_ends_the_program_there() {
+    let script = r#"cd "$1"
+python3 -c '
+import os
+fd = os.open("big", os.O_WRONLY | os.O_CREAT, 0o644)
+data = b"y" * (256 << 20)
+os.write(fd, b"x")
+open("started", "w").close()
+os.write(fd, data)
+print("after the write", flush=True)
+' &
+pid=$!
+while [ ! -e started ]; do sleep 0.01; done
+sleep 0.05
+kill -TERM $pid
+wait $pid
+echo "status $?"
+"#;
+    let (want, got) = kernel_and_kura(script);
+    assert_eq!(want, "status 143\n", "on the kernel");
+    assert_eq!(got, want, "under the preload (left) and on the kernel (right)");
+}
+
 /// Processes that each open a log for themselves and append to it at once (`echo >> log` in
 /// parallel jobs, two Python loggers in mode "a" whose write-backs run every 20 ms): every
 /// line arrives once and whole, as Linux places every O_APPEND write at the end. Appends
