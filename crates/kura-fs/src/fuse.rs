@@ -110,7 +110,7 @@ impl KuraFuse {
     fn attr(&self, inode: &Inode) -> FileAttr {
         FileAttr {
             ino: INodeNo(inode.ino),
-            size: inode.size,
+            size: inode.size_bytes(self.fs.chunk_size_bytes() as u64),
             blocks: inode.blocks(self.fs.chunk_size_bytes() as u64),
             atime: time(inode.atime_ns),
             mtime: time(inode.mtime_ns),

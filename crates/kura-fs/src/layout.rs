@@ -298,9 +298,21 @@ impl Inode {
         }
     }
 
+    /// `st_size`: a directory shows one chunk, as ext4 shows a directory of a few entries one
+    /// block (its record has no size of its own); anything else its size.
+    pub fn size_bytes(&self, chunk_bytes: u64) -> u64 {
+        if is_dir(self.mode) { self.size.max(chunk_bytes) } else { self.size }
+    }
+
     /// `st_blocks`: 512-byte units of the file that are not known holes (see
-    /// [`crate::holes::allocated_blocks`]).
+    /// [`crate::holes::allocated_blocks`]); a directory's [`Inode::size_bytes`]; none for a
+    /// symbolic link, whose target is in its record (as ext4's short links are in the inode).
     pub fn blocks(&self, chunk_bytes: u64) -> u64 {
+        match file_type(self.mode) {
+            libc::S_IFDIR => return self.size_bytes(chunk_bytes).div_ceil(512),
+            libc::S_IFLNK => return 0,
+            _ => {}
+        }
         crate::holes::allocated_blocks(&self.holes, chunk_bytes, self.size)
     }
 

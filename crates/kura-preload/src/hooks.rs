@@ -345,7 +345,7 @@ fn fill_stat(st: *mut libc::stat, inode: &Inode, chunk: usize) {
     s.st_uid = inode.uid;
     s.st_gid = inode.gid;
     s.st_rdev = u64::from(inode.rdev);
-    s.st_size = inode.size as i64;
+    s.st_size = inode.size_bytes(chunk as u64) as i64;
     s.st_blksize = chunk as i64;
     s.st_blocks = inode.blocks(chunk as u64) as i64;
     s.st_atime = inode.atime_ns.div_euclid(1_000_000_000);
@@ -375,7 +375,7 @@ fn fill_statx(st: *mut libc::statx, inode: &Inode, chunk: usize) {
     s.stx_gid = inode.gid;
     s.stx_mode = inode.mode as u16;
     s.stx_ino = inode.ino;
-    s.stx_size = inode.size;
+    s.stx_size = inode.size_bytes(chunk as u64);
     s.stx_blocks = inode.blocks(chunk as u64);
     s.stx_atime = ts(inode.atime_ns);
     s.stx_mtime = ts(inode.mtime_ns);

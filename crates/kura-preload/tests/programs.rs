@@ -360,6 +360,44 @@ os.kill(os.getpid(), signal.SIGINT); time.sleep(5)'
     assert_eq!(got, want, "kura's signal answers differ from the kernel's");
 }
 
+/// Everyday tools on a small tree print what they print on the kernel: `cp -p`, `touch -r`,
+/// `install -D`, `mktemp`, `ln -sf`/`ln -f`, `chmod -R`, `mv`, `find -printf`, `truncate`,
+/// `sed -i`, `cp -r`, `rsync -a`, `tar`, Python's `shutil.copytree`, a shell's `exec 3>`, and
+/// `ls -la` (its `total` counts a directory one 4 KiB block, as ext4, and a symbolic link
+/// none). Found by it: a directory showed size 0 and no blocks, and a symbolic link a block.
+#[test]
+fn everyday_tools_print_what_they_print_on_the_kernel() {
+    let script = r#"set -u
+cd "$1"
+umask 022
+mkdir -p a/b/c; echo hi > a/b/c/f; ln -s c/f a/b/l; ln a/b/c/f a/hard
+touch -d '2020-02-02 02:02:02' a/b/c/f
+cp -p a/b/c/f a/pres; stat -c '%n %s %a %Y %h' a/pres a/b/c/f a/hard
+touch -r a/b/c/f a/ref; stat -c '%n %Y' a/ref
+install -D -m 640 a/b/c/f a/x/y/z; stat -c '%n %a %s' a/x/y/z
+d=$(mktemp -d -p .); [ -d "$d" ] && echo mktemp-dir-ok; rmdir "$d"
+f=$(mktemp -p .); [ -f "$f" ] && stat -c '%a %s' "$f"; rm "$f"
+ln -sf newtarget a/b/l; readlink a/b/l
+ln -f a/pres a/hard2; stat -c '%h' a/pres
+chmod -R g+w a/x; stat -c '%n %a' a/x a/x/y a/x/y/z
+mv a/x a/b/c/; ls -R a
+find a -printf '%p %y %m %n\n' | sort
+find a -type f -printf '%p %s\n' | sort
+echo data > a/t; truncate -s 2 a/t; cat a/t; echo
+printf 'abc' > a/u; printf 'de' >> a/u; sed -i 's/b/B/' a/u; cat a/u; echo; stat -c '%a %s' a/u
+cp -r a a2; diff -r --no-dereference a a2 && echo cp-r-same
+rsync -a a/ a3/; diff -r --no-dereference a a3 && echo rsync-same; stat -c '%Y' a3/b/c/f
+tar -cf - a | tar -tf - | sort
+python3 -c "import shutil, os; shutil.copytree('a', 'a4', symlinks=True); print(sorted(os.listdir('a4')))"
+exec 3>a/fd3; echo via3 >&3; exec 3>&-; cat a/fd3
+ls -la a/b | awk '{print $1, $NF}' | sort
+stat -c '%n %s %b' a/b a/b/l
+"#;
+    let (want, got) = kernel_and_kura(script);
+    assert!(want.contains("rsync-same\n") && want.contains("a/b 4096 8\n"), "on the kernel (an ext4 directory is one block): {want}");
+    assert_eq!(got, want, "under the preload (left) and on the kernel (right)");
+}
+
 /// A signal whose default action ends the program, arriving in the middle of a kura call (a
 /// long write): the program runs no further, as on the kernel, and dies by the signal. The
 /// write-back service ends the process once the call is done and its data written back; the
