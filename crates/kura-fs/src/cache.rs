@@ -1086,11 +1086,7 @@ impl Fs {
         }
         // Noted once stored (see `crate::holes`: data leaves the holes after it is there).
         for &(index, zeros) in &noted {
-            if zeros {
-                inner.changes.zeros(index);
-            } else {
-                inner.changes.data(index);
-            }
+            inner.changes.note(index, zeros);
         }
         if end > inner.size {
             inner.size = end;
@@ -1376,11 +1372,7 @@ impl Fs {
                     // Noted once stored (see `crate::holes`).
                     Ok(()) => {
                         for &(index, zeros) in &noted {
-                            if zeros {
-                                inner.changes.zeros(index);
-                            } else {
-                                inner.changes.data(index);
-                            }
+                            inner.changes.note(index, zeros);
                         }
                     }
                 }
@@ -1489,8 +1481,7 @@ impl Fs {
     }
 
     /// Sets the size of `ino`: cached pages and pool chunks past it are dropped, the boundary
-    /// chunk is cut, the record updated.
-    /// Sets the size of file `ino`; returns its record as left (this process's view on it).
+    /// chunk is cut, the record updated (and returned, with this process's view on it).
     pub(crate) fn truncate(&self, ino: u64, size: u64) -> Result<Inode> {
         if size > FILE_SIZE_BYTES_MAX {
             return Err(FsError::TooBig);

@@ -115,6 +115,11 @@ pub struct ChunkChanges {
 }
 
 impl ChunkChanges {
+    /// Chunk `index` was stored: deleted as zeros (`zeros`) or with data.
+    pub fn note(&mut self, index: u64, zeros: bool) {
+        if zeros { self.zeros(index) } else { self.data(index) }
+    }
+
     /// Chunk `index` was stored with data.
     pub fn data(&mut self, index: u64) {
         remove(&mut self.zeros, (index, index + 1));
