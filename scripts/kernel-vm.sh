@@ -17,7 +17,9 @@
 #   - with VM_DISK_MB set, an empty raw disk of that size as /dev/vda.
 # Timings inside the VM are emulated (TCG): use it for correctness, benchmark on the host.
 #
-# Knobs: VM_DISK_MB (none), VM_MEM_MB (2048), VM_CPUS (2), VM_TIMEOUT_S (600),
+# Knobs: VM_DISK_MB (none), VM_MEM_MB (2048), VM_CPUS (2), VM_TIMEOUT_S (600, per boot),
+#        VM_BOOT_TIMEOUT_S (180: a guest that has not reached COMMAND by then is booted
+#        again, up to VM_BOOT_ATTEMPTS (3) times),
 #        VM_ENV ("NAME1 NAME2": host variables to export inside), VM_ACCEL (tcg|kvm),
 #        KURA_VM_CACHE (kernel cache, default /var/cache/kura-vm, filled by
 #        scripts/vm-kernel-fetch.sh, which this script calls when the cache is empty).
@@ -143,33 +145,65 @@ accel_args() {
 }
 
 build_initramfs
-disk=()
-if [ -n "${VM_DISK_MB:-}" ]; then
-  truncate -s "${VM_DISK_MB}M" "$work/disk.img"
-  disk=(-drive "file=$work/disk.img,if=virtio,format=raw,cache=unsafe")
-fi
 
-# shellcheck disable=SC2046 # accel_args is a list of words
+# One boot of the VM, its console in $work/console.log and COMMAND's output (what follows the
+# start marker) on stdout as it comes. Sets vm_status to qemu's exit status (124: timed out),
+# or to 99 when the guest did not reach COMMAND within VM_BOOT_TIMEOUT_S: an emulated guest
+# sometimes stalls in early boot (RCU stalls, "timer wakeup didn't happen" on one vCPU) and
+# would sit there until VM_TIMEOUT_S.
+boot_once() {
+  local disk=()
+  if [ -n "${VM_DISK_MB:-}" ]; then
+    rm -f "$work/disk.img"
+    truncate -s "${VM_DISK_MB}M" "$work/disk.img"
+    disk=(-drive "file=$work/disk.img,if=virtio,format=raw,cache=unsafe")
+  fi
+  : >"$work/console.log"
+  # shellcheck disable=SC2046 # accel_args is a list of words
+  timeout -k 10 "${VM_TIMEOUT_S:-600}" qemu-system-x86_64 $(accel_args) \
+    -m "${VM_MEM_MB:-2048}" -smp "${VM_CPUS:-2}" -nodefaults -no-user-config -display none \
+    -serial stdio -monitor none -no-reboot \
+    -kernel "$kdir/vmlinuz" -initrd "$work/initramfs.gz" \
+    -append "console=ttyS0 quiet panic=-1 mitigations=off" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    "${disk[@]}" </dev/null 2>"$work/qemu.err" >"$work/console.log" &
+  local qpid=$! waited=0
+  # (grep alone: with pipefail, a reader that stops early would fail the pipe.)
+  until grep -qa '^KURA-VM-CMD-START' "$work/console.log"; do
+    kill -0 "$qpid" 2>/dev/null || break # qemu is gone: its status says why
+    if [ "$waited" -ge "${VM_BOOT_TIMEOUT_S:-180}" ]; then
+      kill "$qpid" 2>/dev/null
+      wait "$qpid" 2>/dev/null
+      vm_status=99
+      return
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  tail -n +1 -f --pid="$qpid" "$work/console.log" |
+    awk '{ sub(/\r$/, "") }
+      # The status marker may follow output that did not end in a newline: print that part.
+      p && match($0, /KURA-VM-EXIT-STATUS=[0-9]+$/) { if (RSTART > 1) print substr($0, 1, RSTART - 1); p = 0; next }
+      p { print; fflush() }
+      /^KURA-VM-CMD-START$/ { p = 1 }'
+  wait "$qpid"
+  vm_status=$?
+}
+
 set +e
-timeout -k 10 "${VM_TIMEOUT_S:-600}" qemu-system-x86_64 $(accel_args) \
-  -m "${VM_MEM_MB:-2048}" -smp "${VM_CPUS:-2}" -nodefaults -no-user-config -display none \
-  -serial stdio -monitor none -no-reboot \
-  -kernel "$kdir/vmlinuz" -initrd "$work/initramfs.gz" \
-  -append "console=ttyS0 quiet panic=-1 mitigations=off" \
-  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-  "${disk[@]}" </dev/null 2>"$work/qemu.err" |
-  tee "$work/console.log" |
-  awk '{ sub(/\r$/, "") }
-    # The status marker may follow output that did not end in a newline: print that part.
-    p && match($0, /KURA-VM-EXIT-STATUS=[0-9]+$/) { if (RSTART > 1) print substr($0, 1, RSTART - 1); p = 0; next }
-    p { print; fflush() }
-    /^KURA-VM-CMD-START$/ { p = 1 }'
-vm_status=${PIPESTATUS[0]}
+attempts=${VM_BOOT_ATTEMPTS:-3}
+for attempt in $(seq 1 "$attempts"); do
+  boot_once
+  [ "$vm_status" = 99 ] || break
+  say "the guest did not reach COMMAND within ${VM_BOOT_TIMEOUT_S:-180} s (boot attempt $attempt of $attempts); last console lines:"
+  tr -d '\r' <"$work/console.log" | tail -5 >&2
+done
 set -e
 
 status=$(tr -d '\r' <"$work/console.log" | sed -n 's/.*KURA-VM-EXIT-STATUS=\([0-9][0-9]*\)$/\1/p' | tail -1)
 if [ -n "$status" ]; then exit "$status"; fi
 if [ "$vm_status" = 124 ]; then say "VM timed out after ${VM_TIMEOUT_S:-600} s"; fi
+if [ "$vm_status" = 99 ]; then say "the guest did not boot in $attempts attempts"; exit 125; fi
 say "the VM stopped before COMMAND finished (qemu status $vm_status); last console lines:"
 tr -d '\r' <"$work/console.log" | tail -40 >&2
 cat "$work/qemu.err" >&2
