@@ -463,14 +463,32 @@ impl Engine {
         if is_new && config.size_bytes.is_none() {
             return Err(Error::InvalidConfig(format!("{} does not exist; give a size to create it", path.display())));
         }
-        let options = FileDeviceOptions { create: is_new, size_bytes: if is_new { config.size_bytes } else { None }, direct_io: config.direct_io };
+        if is_new {
+            return Self::create_at(path, config);
+        }
+        let options = FileDeviceOptions { create: false, size_bytes: None, direct_io: config.direct_io };
         let device = FileDevice::open(path, &options).map_err(|source| Error::Io { op: "open", offset_bytes: 0, source })?;
-        let device: Arc<dyn Device> = Arc::new(device);
-        let opened = if is_new { Self::create(device, config) } else { Self::open_device(device, config) };
-        match opened {
+        match Self::open_device(Arc::new(device), config) {
             Err(Error::NotAKuraStore { .. }) => Err(Error::NotAKuraStore { path: path.display().to_string() }),
             other => other,
         }
+    }
+
+    /// Creates the store at `path` whole or not at all: it is formatted under a name of its
+    /// own ([`creating_path`], locked as every open store is) and renamed into place once
+    /// durable. A process killed while it created a store used to leave a file of the full
+    /// size with no superblock yet, which the next open refused as not a store; now it leaves
+    /// only that other file, which the next creation starts again from.
+    fn create_at(path: &Path, config: &EngineConfig) -> Result<Self> {
+        let io = |op: &'static str| move |source: std::io::Error| Error::Io { op, offset_bytes: 0, source };
+        let creating = creating_path(path);
+        remove_if_abandoned(&creating).map_err(io("remove an unfinished creation"))?;
+        let options = FileDeviceOptions { create: true, size_bytes: config.size_bytes, direct_io: config.direct_io };
+        let device = FileDevice::open(&creating, &options).map_err(io("create"))?;
+        let engine = Self::create(Arc::new(device), config)?;
+        std::fs::rename(&creating, path).map_err(io("rename the new store into place"))?;
+        sync_parent_dir(path).map_err(io("sync the store's directory"))?;
+        Ok(engine)
     }
 
     /// Formats `device` as a new, empty store (whatever it held is forgotten).
@@ -749,6 +767,37 @@ fn random_u64() -> u64 {
     }
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     nanos ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+/// Where a store at `path` is formatted before it is renamed into place (`NAME.creating`).
+pub fn creating_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".creating");
+    path.with_file_name(name)
+}
+
+/// Removes a store creation's file that no process holds (its creator was killed): nothing
+/// in it was ever acknowledged. One that is held is left to the open, which waits for it.
+fn remove_if_abandoned(creating: &Path) -> std::io::Result<()> {
+    let file = match std::fs::File::open(creating) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        std::fs::remove_file(creating)?;
+    }
+    Ok(())
+}
+
+/// Makes a rename in `path`'s directory durable.
+fn sync_parent_dir(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn read_superblock(device: &dyn Device) -> Result<Superblock> {

@@ -23,7 +23,7 @@ pub mod stats;
 pub use aligned::{AlignedBuf, ReadBuffers};
 pub use config::EngineConfig;
 pub use device::{Device, FaultMode, FileDevice, FileDeviceOptions, SimDevice};
-pub use engine::{Condition, Engine, GetPlan, GetStep, Item, ScanRecord, WriteOutcome};
+pub use engine::{creating_path, Condition, Engine, GetPlan, GetStep, Item, ScanRecord, WriteOutcome};
 pub use error::{Error, Result};
 pub use format::{Mode, RecordKind};
 pub use stats::{RamUsage, Stats};

@@ -425,6 +425,40 @@ fn real_file_round_trip_and_reopen() {
     assert!(matches!(Engine::open(&truncated, &cfg), Err(Error::Corrupt { .. })));
 }
 
+/// A store is created whole or not at all: it is formatted as `NAME.creating` and renamed
+/// into place. A creation's file left by a killed process (no one holds it) is started again
+/// from; one another open holds is waited for, then refused with the reason, and the store
+/// is not made meanwhile. (tests/kill.rs kills a writer while it creates.)
+#[test]
+fn a_store_is_created_whole_or_not_at_all() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("store.kura");
+    let creating = kura_engine::creating_path(&path);
+    assert_eq!(creating, dir.path().join("store.kura.creating"));
+    let cfg = EngineConfig { size_bytes: Some(32 << 20), block_size_bytes: 1 << 20, partitions: 1, mode: Some(Mode::Store), value_size_max_bytes: 64 * 1024, ..EngineConfig::default() };
+    // What a creator killed after the allocation and before the superblock leaves.
+    std::fs::write(&creating, vec![0u8; 32 << 20]).unwrap();
+    let engine = Engine::open(&path, &cfg).expect("a creation over an abandoned one");
+    assert!(!creating.exists(), "the creation's file is renamed into place");
+    engine.put(b"k", b"v").unwrap();
+    engine.sync().unwrap();
+    drop(engine);
+    let engine = Engine::open(&path, &EngineConfig { size_bytes: None, ..cfg.clone() }).unwrap();
+    assert_eq!(engine.get(b"k").unwrap().unwrap().value(), b"v");
+    drop(engine);
+    // A creation in progress elsewhere (its file locked) is not taken over.
+    let other = dir.path().join("other.kura");
+    let held = std::fs::File::create(kura_engine::creating_path(&other)).unwrap();
+    // SAFETY: flock on a descriptor the test owns.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) }, 0);
+    let refused = Engine::open(&other, &cfg).err().expect("a creation while another one runs");
+    assert!(refused.to_string().contains("in use"), "{refused}");
+    assert!(!other.exists());
+    drop(held);
+    Engine::open(&other, &cfg).expect("once the other creation is gone");
+    assert!(other.exists() && !kura_engine::creating_path(&other).exists());
+}
+
 /// Lookups that read their companion page beside the one they ask for
 /// (`GetPlan::companion_read`, `Engine::get_continue_with`) answer exactly as the model says,
 /// newest version first, tombstones included, and misses stay misses; with a small index
