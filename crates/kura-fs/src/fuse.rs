@@ -5,6 +5,7 @@
 //! the namespace through the pool directly.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -166,11 +167,16 @@ impl KuraFuse {
     /// A handle of directory `inode` opens: its attributes as of now are kept.
     fn open_dir(&self, entries: Vec<DirEntry>, inode: Inode) -> FileHandle {
         let ino = inode.ino;
-        let mut open_dirs = self.open_dirs.lock();
-        let open = open_dirs.entry(ino).or_insert_with(|| OpenDir { handles: 0, inode: inode.clone() });
-        open.handles += 1;
-        open.inode = inode;
-        drop(open_dirs);
+        match self.open_dirs.lock().entry(ino) {
+            Entry::Occupied(mut open) => {
+                let open = open.get_mut();
+                open.handles += 1;
+                open.inode = inode;
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(OpenDir { handles: 1, inode });
+            }
+        }
         self.add_handle(Handle::Dir { entries, ino })
     }
 

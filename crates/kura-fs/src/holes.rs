@@ -135,11 +135,12 @@ impl ChunkChanges {
     /// Chunk `index` was deleted as zeros.
     pub fn zeros(&mut self, index: u64) {
         remove(&mut self.data, (index, index + 1));
-        let mut grown = self.zeros.clone();
-        add(&mut grown, (index, index + 1));
-        // Past the bound the hole is not recorded (it counts as data).
-        if grown.len() <= PENDING_RANGES_MAX {
-            self.zeros = grown;
+        add(&mut self.zeros, (index, index + 1));
+        // Past the bound the hole is not recorded (it counts as data). One chunk's range
+        // adds a range only when it touches none, so taking it out again leaves the set
+        // as it was.
+        if self.zeros.len() > PENDING_RANGES_MAX {
+            remove(&mut self.zeros, (index, index + 1));
         }
     }
 

@@ -576,7 +576,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             made = created;
             // Made by another process since the walk: an existing file, truncated as below.
             if !created && flags & libc::O_TRUNC != 0 && inode.mode & libc::S_IFMT == libc::S_IFREG {
-                fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?
+                truncate_at_open(fs, inode.ino)?
             } else {
                 inode
             }
@@ -606,7 +606,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                     // Linux truncates for O_RDONLY too (POSIX leaves it undefined), and an empty
                     // file too: its mtime and ctime are set (`: > stamp` marks a build step).
                     if flags & libc::O_TRUNC != 0 {
-                        inode = fs.setattr(inode.ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)?;
+                        inode = truncate_at_open(fs, inode.ino)?;
                     }
                 }
                 libc::S_IFIFO if flags & libc::O_DIRECTORY == 0 => {
@@ -641,6 +641,12 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     }
     state.fds.install(fd, Arc::new(file));
     Ok(Opened::Fd(fd))
+}
+
+/// `O_TRUNC` of an existing regular file: size 0 and times now, whatever its size; the record
+/// as left.
+fn truncate_at_open(fs: &Fs, ino: u64) -> Result<Inode, i32> {
+    fs.setattr(ino, SetAttr { size: Some(0), ..SetAttr::default() }).map_err(fs_errno)
 }
 
 /// `O_PATH`: a descriptor that names the file without opening it for I/O (the kernel keeps
@@ -1538,14 +1544,6 @@ fn revalidated_after_lock(state: &State, ino: u64) {
 }
 
 /// Whether `fd` (kura's or the kernel's) was opened with `O_APPEND`.
-fn appends(state: &State, fd: c_int) -> bool {
-    let flags = match state.fds.get(fd) {
-        Some(of) => of.flags(),
-        None => raw::fcntl(fd, libc::F_GETFL, 0).unwrap_or(0),
-    };
-    flags & libc::O_APPEND != 0
-}
-
 extern "C" fn h_flock(fd: c_int, op: c_int) -> c_int {
     guard(-1, || {
         if let Some(state) = active()
@@ -2773,7 +2771,7 @@ fn copy_end(state: &State, fd: c_int) -> Result<(c_int, bool, bool), i32> {
 /// for `copy_file_range` (`generic_file_rw_checks`: EISDIR, EINVAL for other than regular
 /// files, EBADF for a source not open for reading or a target not open for writing or
 /// appending), for `sendfile` (`do_sendfile`: EBADF for either end's access mode, then
-/// EINVAL for reading a directory).
+/// EINVAL for reading a directory, or for sending onto an O_APPEND file).
 fn check_copy_ends(state: &State, in_fd: c_int, out_fd: c_int, sendfile: bool, len: usize) -> Result<(), i32> {
     let readable = |flags: c_int| flags & libc::O_ACCMODE != libc::O_WRONLY;
     let writable = |flags: c_int| flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -2787,7 +2785,11 @@ fn check_copy_ends(state: &State, in_fd: c_int, out_fd: c_int, sendfile: bool, l
             return Err(libc::EBADF);
         }
         // A directory cannot be spliced from (asked for nothing, nothing is tried).
-        return if in_dir && len > 0 { Err(libc::EINVAL) } else { Ok(()) };
+        if in_dir && len > 0 {
+            return Err(libc::EINVAL);
+        }
+        // Linux refuses to send onto an O_APPEND file (EINVAL; EBADF for copy_file_range).
+        return if out_flags & libc::O_APPEND != 0 { Err(libc::EINVAL) } else { Ok(()) };
     }
     let (out_flags, out_dir, out_reg) = copy_end(state, out_fd)?;
     if in_dir || out_dir {
@@ -2831,10 +2833,6 @@ extern "C" fn h_sendfile(out_fd: c_int, in_fd: c_int, offset: *mut i64, count: u
         {
             if let Err(e) = check_copy_ends(state, in_fd, out_fd, true, count) {
                 return ret(Err(e)) as isize;
-            }
-            // Linux refuses to send onto an O_APPEND file (EINVAL; EBADF for copy_file_range).
-            if appends(state, out_fd) {
-                return ret(Err(libc::EINVAL)) as isize;
             }
             return ret(copy_between(in_fd, offset, out_fd, std::ptr::null_mut(), count)) as isize;
         }

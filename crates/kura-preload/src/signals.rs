@@ -331,10 +331,7 @@ pub fn stop_if_ending() {
     if sig == 0 || SERVICE_PID.load(Ordering::Acquire) != kura_fs::process_id() {
         return;
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(CALLS_FINISH_WAIT_MS + WRITEBACK_WAIT_MS as u64);
-    while std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    std::thread::sleep(std::time::Duration::from_millis(CALLS_FINISH_WAIT_MS + WRITEBACK_WAIT_MS as u64));
     die(sig);
 }
 
