@@ -9,6 +9,7 @@ pub mod aligned;
 pub mod block;
 pub mod bloom;
 pub mod buffer;
+pub mod changes;
 pub mod config;
 pub mod device;
 pub mod ef;

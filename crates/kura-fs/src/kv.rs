@@ -34,6 +34,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -195,8 +196,38 @@ pub struct PoolKv {
     engine: Option<Engine>,
     /// Some node is a redis-server: its metadata values carry a version prefix.
     redis: bool,
-    /// Metadata records of the embedded engine kept in RAM (unused on networked pools).
+    /// Metadata records kept in RAM: the embedded engine's (always current: every change
+    /// passes through here), or, on a pool of kura servers on this host, copies trusted while
+    /// the servers' change counters stand still (see [`Changes`]).
     meta_cache: MetaCache,
+    /// The servers' change counters, on a pool of kura servers only.
+    changes: Option<crate::sync::Mutex<Changes>>,
+}
+
+/// Metadata reads on a networked pool before the file system looks for its servers' change
+/// counters (one `stats` per node): a short-lived process (`stat`, `cat`) does not pay for
+/// the look.
+pub const CHANGES_DISCOVER_AFTER_READS: u32 = 16;
+/// How long after a failed look, or after a counter stopped being trusted (a server gone,
+/// restarted or silent), the next look is made.
+pub const CHANGES_RETRY_MS: u64 = 10_000;
+
+/// Whether copies of metadata records read from a pool of kura servers may be trusted.
+///
+/// Each kura server on this host publishes a counter of the changes to its store
+/// ([`kura_engine::changes`]), bumped after each change is visible and before it is
+/// acknowledged. While the sum of the pool's counters stands where it stood when a record was
+/// read, nothing in the pool changed since, so the copy is what a read would return now: a
+/// `stat` is then answered without a round trip. Any change, by anyone (this process
+/// included), moves the counter and drops every copy. Nodes on other hosts publish no
+/// counter this process can map, and nothing is kept.
+enum Changes {
+    /// Not looked for yet: the metadata reads so far.
+    Unknown { reads: u32 },
+    /// Every node's counter, in the pool's node order.
+    Views(Vec<kura_engine::changes::ChangeView>),
+    /// Not available (or no longer trusted); looked for again at this `monotonic_ms`.
+    Unavailable { retry_at_ms: u64 },
 }
 
 /// Bytes of metadata records (keys and values) [`MetaCache`] keeps, at most; it starts over
@@ -221,6 +252,8 @@ struct MetaCacheInner {
     records: BytesBounded<Vec<u8>, Versioned, META_CACHE_BYTES_MAX>,
     /// Changes made so far (see [`MetaCache::fill`]).
     writes: u64,
+    /// On a networked pool: the pool's change epoch the copies are current at.
+    epoch: u64,
 }
 
 impl MetaCacheInner {
@@ -265,6 +298,58 @@ impl MetaCache {
         }
     }
 
+    /// Networked pool: the copies of `keys` current at change epoch `epoch` (`None` for a key
+    /// not held). Copies of an older epoch are dropped; a caller that read an older epoch
+    /// than the copies' finds nothing.
+    fn get_many_at(&self, keys: &[Vec<u8>], epoch: u64) -> Vec<Option<Versioned>> {
+        let mut inner = self.inner.lock();
+        if epoch > inner.epoch {
+            inner.records = BytesBounded::default();
+            inner.epoch = epoch;
+        }
+        if epoch != inner.epoch {
+            return vec![None; keys.len()];
+        }
+        keys.iter().map(|key| inner.records.get(key.as_slice()).cloned()).collect()
+    }
+
+    /// Networked pool: keeps records read after the change epoch was `began`, if it is still
+    /// `now` (nothing changed while they were read, so they are current).
+    fn fill_at<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)>, began: u64, now: Option<u64>) {
+        if now != Some(began) {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if began > inner.epoch {
+            inner.records = BytesBounded::default();
+            inner.epoch = began;
+        }
+        if began == inner.epoch {
+            for (key, record) in records {
+                inner.put(key, record.clone());
+            }
+        }
+    }
+
+    /// Networked pool: this process's writes made `changes` (see [`PoolKv::writing`]) while the
+    /// change epoch went from `before` to `after`: when that is all that changed and the copies
+    /// are of `before`, they are kept, with `changes` applied, at `after`.
+    fn advance(&self, before: u64, after: Option<u64>, changes: Vec<(&[u8], Option<Versioned>)>) {
+        let mut inner = self.inner.lock();
+        if inner.epoch != before || after != Some(before.wrapping_add(changes.len() as u64)) {
+            return;
+        }
+        inner.epoch = before.wrapping_add(changes.len() as u64);
+        for (key, record) in changes {
+            match record {
+                Some(record) => inner.put(key, record),
+                None => {
+                    inner.records.remove(key);
+                }
+            }
+        }
+    }
+
     /// Forgets `keys` (written or deleted without their new state at hand).
     fn forget<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) {
         let mut inner = self.inner.lock();
@@ -299,7 +384,84 @@ impl PoolKv {
             }
         }
         let redis = engine.is_none() && pool.config().nodes.iter().any(|n| n.backend == Backend::Redis);
-        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis, meta_cache: MetaCache::default() })
+        let changes = (engine.is_none() && pool.config().nodes.iter().all(|n| n.backend == Backend::Kura))
+            .then(|| crate::sync::Mutex::new(Changes::Unknown { reads: 0 }));
+        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis, meta_cache: MetaCache::default(), changes })
+    }
+
+    /// The pool's change epoch (the sum of its servers' change counters) while copies of
+    /// metadata records may be trusted, `None` otherwise (see [`Changes`]). `discover`: count
+    /// this as a metadata read and look for the counters when it is time.
+    fn change_epoch(&self, discover: bool) -> Option<u64> {
+        let changes = self.changes.as_ref()?;
+        let mut state = changes.lock();
+        let look = match &mut *state {
+            Changes::Views(views) => {
+                let epoch = views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)));
+                if epoch.is_none() {
+                    tracing::debug!("a server's change counter is no longer trusted (restarted, stopped or silent); not keeping copies of records");
+                    *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
+                }
+                return epoch;
+            }
+            Changes::Unknown { reads } => {
+                *reads += u32::from(discover);
+                discover && *reads >= CHANGES_DISCOVER_AFTER_READS
+            }
+            Changes::Unavailable { retry_at_ms } => discover && kura_engine::changes::monotonic_ms() >= *retry_at_ms,
+        };
+        if !look {
+            return None;
+        }
+        // One look at a time: the others go on without copies meanwhile.
+        *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
+        drop(state);
+        let views = keeping_errno(|| self.look_for_changes())?;
+        let epoch = views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)))?;
+        *changes.lock() = Changes::Views(views);
+        Some(epoch)
+    }
+
+    /// Every node's change counter, mapped from the file its `stats` names (`None` when a node
+    /// names none, or its file is not reachable here: another host).
+    fn look_for_changes(&self) -> Option<Vec<kura_engine::changes::ChangeView>> {
+        let mut views = Vec::new();
+        for node in &self.pool.config().nodes {
+            let found = match self.with_meta_node(node, SideConn::changes_file) {
+                Ok(Some((path, instance_id))) => kura_engine::changes::ChangeView::open(std::path::Path::new(&path), instance_id).map_err(|e| e.to_string()),
+                Ok(None) => Err("it publishes no change counter".to_owned()),
+                Err(e) => Err(e.to_string()),
+            };
+            match found {
+                Ok(view) => views.push(view),
+                Err(error) => {
+                    tracing::debug!(node = %node.name(), %error, "no change counter of this node here; not keeping copies of records");
+                    return None;
+                }
+            }
+        }
+        tracing::debug!(nodes = views.len(), "keeping copies of metadata records while the servers' change counters stand still");
+        Some(views)
+    }
+
+    /// Networked pool: `keys`' records, from the copies current at the pool's change epoch
+    /// where there are, the others through `fetch` (given the missing keys, in order), then
+    /// kept.
+    fn through_copies(&self, keys: &[Vec<u8>], fetch: impl FnOnce(&[Vec<u8>]) -> Result<Vec<Versioned>>) -> Result<Vec<Versioned>> {
+        let Some(epoch) = self.change_epoch(true) else {
+            return fetch(keys);
+        };
+        let mut held = self.meta_cache.get_many_at(keys, epoch);
+        let missing: Vec<Vec<u8>> = keys.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(key, _)| key.clone()).collect();
+        if !missing.is_empty() {
+            let fetched = fetch(&missing)?;
+            self.meta_cache.fill_at(missing.iter().map(Vec::as_slice).zip(&fetched), epoch, self.change_epoch(false));
+            let mut fetched = fetched.into_iter();
+            for slot in held.iter_mut().filter(|h| h.is_none()) {
+                *slot = Some(fetched.next().expect("one record per missing key"));
+            }
+        }
+        Ok(held.into_iter().map(|h| h.expect("every key held or fetched")).collect())
     }
 
     pub fn pool(&self) -> &Pool {
@@ -343,6 +505,56 @@ impl PoolKv {
         runs
     }
 
+    /// Networked pool: runs writes (`write`) and, when `changed` can tell from their outcome
+    /// each change they made — `(key, Some(record))`: the record now (`Some(None)`: deleted);
+    /// `(key, None)`: changed, record unknown — and the pool's change count moved by exactly
+    /// that many while they ran, keeps the copies, brought up to date, at the new count: no
+    /// one else changed anything meanwhile. Otherwise the copies are dropped at the next read,
+    /// as after anyone's change. (A process's own changes — opening a file records it as an
+    /// opener — would otherwise drop every copy it has.)
+    fn writing<'k, T>(&self, write: impl FnOnce() -> Result<T>, changed: impl FnOnce(&T) -> Option<Vec<(&'k [u8], Option<Versioned>)>>) -> Result<T> {
+        let Some(before) = self.change_epoch(false) else {
+            return write();
+        };
+        let outcome = write()?;
+        if let Some(changes) = changed(&outcome) {
+            self.meta_cache.advance(before, self.change_epoch(false), changes);
+        }
+        Ok(outcome)
+    }
+
+    /// Networked pool: each node's keys of `keys` together on its metadata connection.
+    fn fetch_versioned_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
+        // The keys of each node go out together on its metadata connection.
+        let mut by_node: Vec<(&NodeSpec, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let node = self.pool.node_of(key);
+            match by_node.iter_mut().find(|(n, _)| std::ptr::eq(*n, node)) {
+                Some((_, at)) => at.push(i),
+                None => by_node.push((node, vec![i])),
+            }
+        }
+        let mut out = vec![None; keys.len()];
+        for (node, at) in by_node {
+            let node_keys: Vec<&[u8]> = at.iter().map(|&i| keys[i].as_slice()).collect();
+            let values = self.with_meta_node(node, |c| c.get_many(&node_keys))?;
+            for (i, value) in at.into_iter().zip(values) {
+                out[i] = value;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Networked pool: the keys in order, consecutive keys of one node together.
+    fn fetch_versioned_in_order(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (node, run) in self.node_runs(keys.len(), |i| &keys[i]) {
+            let run: Vec<&[u8]> = keys[run].iter().map(Vec::as_slice).collect();
+            out.extend(self.with_meta_node(node, |c| c.get_many(&run))?);
+        }
+        Ok(out)
+    }
+
     /// Runs `f` with this thread's metadata connection to the node `key` is placed on (made on
     /// first use, again after a fork, and again after an I/O error).
     fn with_meta<T>(&self, key: &[u8], f: impl FnOnce(&mut SideConn) -> Result<T>) -> Result<T> {
@@ -360,6 +572,12 @@ impl PoolKv {
             if conns.get(&id).is_some_and(|(p, _)| *p != pid) {
                 // Inherited across fork: the parent owns that socket's stream; closing our
                 // copy of the descriptor does not disturb it.
+                conns.remove(&id);
+            }
+            if conns.get(&id).is_some_and(|(_, conn)| conn.closed_while_idle()) {
+                // The node closed it while nothing was asked (a server restarted): the
+                // request goes on a new connection instead of failing on this one, as the
+                // pool's own connections do.
                 conns.remove(&id);
             }
             if !conns.contains_key(&id) {
@@ -401,6 +619,7 @@ impl Kv for PoolKv {
                 self.meta_cache.fill(key, &record, began);
                 Ok(record)
             }
+            None if self.changes.is_some() => Ok(self.through_copies(&[key.to_vec()], |keys| Ok(vec![self.with_meta(&keys[0], |c| c.get(&keys[0]))?]))?.pop().expect("one key")),
             None => self.with_meta(key, |c| c.get(key)),
         }
     }
@@ -409,36 +628,20 @@ impl Kv for PoolKv {
         if self.engine.is_some() {
             return keys.iter().map(|key| self.get_versioned(key)).collect();
         }
-        // The keys of each node go out together on its metadata connection.
-        let mut by_node: Vec<(&NodeSpec, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let node = self.pool.node_of(key);
-            match by_node.iter_mut().find(|(n, _)| std::ptr::eq(*n, node)) {
-                Some((_, at)) => at.push(i),
-                None => by_node.push((node, vec![i])),
-            }
+        if self.changes.is_some() {
+            return self.through_copies(keys, |keys| self.fetch_versioned_many(keys));
         }
-        let mut out = vec![None; keys.len()];
-        for (node, at) in by_node {
-            let node_keys: Vec<&[u8]> = at.iter().map(|&i| keys[i].as_slice()).collect();
-            let values = self.with_meta_node(node, |c| c.get_many(&node_keys))?;
-            for (i, value) in at.into_iter().zip(values) {
-                out[i] = value;
-            }
-        }
-        Ok(out)
+        self.fetch_versioned_many(keys)
     }
 
     fn get_versioned_in_order(&self, keys: &[Vec<u8>]) -> Result<Vec<Versioned>> {
         if self.engine.is_some() {
             return keys.iter().map(|key| self.get_versioned(key)).collect();
         }
-        let mut out = Vec::with_capacity(keys.len());
-        for (node, run) in self.node_runs(keys.len(), |i| &keys[i]) {
-            let run: Vec<&[u8]> = keys[run].iter().map(Vec::as_slice).collect();
-            out.extend(self.with_meta_node(node, |c| c.get_many(&run))?);
+        if self.changes.is_some() {
+            return self.through_copies(keys, |keys| self.fetch_versioned_in_order(keys));
         }
-        Ok(out)
+        self.fetch_versioned_in_order(keys)
     }
 
     fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
@@ -453,7 +656,10 @@ impl Kv for PoolKv {
                 written?;
                 Ok(version)
             }
-            None => self.with_meta(key, |c| c.set(key, value, cond)),
+            None => self.writing(
+                || self.with_meta(key, |c| c.set(key, value, cond)),
+                |version| Some(version.map_or_else(Vec::new, |v| vec![(key, Some(Some((value.to_vec(), v))))])),
+            ),
         }
     }
 
@@ -461,11 +667,26 @@ impl Kv for PoolKv {
         if self.engine.is_some() {
             return writes.iter().map(|write| write.apply(self)).collect();
         }
-        let mut out = Vec::with_capacity(writes.len());
-        for (node, run) in self.node_runs(writes.len(), |i| writes[i].key()) {
-            out.extend(self.with_meta_node(node, |c| c.write_many(&writes[run]))?);
-        }
-        Ok(out)
+        let write = || {
+            let mut out = Vec::with_capacity(writes.len());
+            for (node, run) in self.node_runs(writes.len(), |i| writes[i].key()) {
+                out.extend(self.with_meta_node(node, |c| c.write_many(&writes[run]))?);
+            }
+            Ok(out)
+        };
+        self.writing(write, |outcomes: &Vec<Option<u64>>| {
+            let mut changed = Vec::new();
+            for (write, outcome) in writes.iter().zip(outcomes) {
+                match (*write, *outcome) {
+                    (_, None) | (WriteOp::Delete(_, Cond::Absent), _) => {}
+                    (WriteOp::Put(key, value, _), Some(version)) => changed.push((key, Some(Some((value.to_vec(), version))))),
+                    (WriteOp::Delete(key, Cond::Version(_)), Some(_)) => changed.push((key, Some(None))),
+                    // Deleted or not there (a server counts only the first).
+                    (WriteOp::Delete(_, Cond::Always), Some(_)) => return None,
+                }
+            }
+            Some(changed)
+        })
     }
 
     fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool> {
@@ -479,7 +700,15 @@ impl Kv for PoolKv {
                 self.meta_cache.wrote(key, matches!(deleted, Ok(true)).then_some(None));
                 Ok(deleted?)
             }
-            None => self.with_meta(key, |c| c.delete(key, cond)),
+            None => self.writing(
+                || self.with_meta(key, |c| c.delete(key, cond)),
+                |&deleted| match cond {
+                    Cond::Version(_) if deleted => Some(vec![(key, Some(None))]),
+                    Cond::Version(_) | Cond::Absent => Some(Vec::new()),
+                    // Deleted or not there (a server counts only the first).
+                    Cond::Always => None,
+                },
+            ),
         }
     }
 
@@ -487,6 +716,15 @@ impl Kv for PoolKv {
         if self.engine.is_some() {
             // Through the metadata cache.
             return keys.iter().map(|key| Ok(self.get_versioned(key)?.map(|(value, _)| value))).collect();
+        }
+        if self.changes.is_some()
+            && let Some(epoch) = self.change_epoch(true)
+        {
+            // Copies where there are (read without their versions, these are not kept).
+            let held = self.meta_cache.get_many_at(keys, epoch);
+            let missing: Vec<Vec<u8>> = keys.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(key, _)| key.clone()).collect();
+            let mut fetched = self.get_many(&missing)?.into_iter();
+            return Ok(held.into_iter().map(|h| h.map_or_else(|| fetched.next().expect("one value per missing key"), |record| record.map(|(value, _)| value))).collect());
         }
         let mut values = self.get_many(keys)?;
         if self.redis {
@@ -551,11 +789,13 @@ impl Kv for PoolKv {
         if items.is_empty() {
             return Ok(());
         }
-        let result = self.with_context(|ctx| Ok(ctx.set_many(items)?));
         if self.engine.is_some() {
+            let result = self.with_context(|ctx| Ok(ctx.set_many(items)?));
             self.meta_cache.forget(items.iter().map(|(key, _)| key.as_slice()));
+            return result;
         }
-        result
+        // Chunks, which have no copies (forgotten all the same).
+        self.writing(|| self.with_context(|ctx| Ok(ctx.set_many(items)?)), |_| Some(items.iter().map(|(key, _)| (key.as_slice(), None)).collect()))
     }
 
     fn delete_many(&self, keys: &[Vec<u8>]) -> Result<()> {
@@ -615,6 +855,29 @@ enum SideConn {
 }
 
 impl SideConn {
+    /// Whether the node closed the connection, or sent what nothing asked for, while it was
+    /// idle (looked at without waiting).
+    fn closed_while_idle(&self) -> bool {
+        let stream = match self {
+            SideConn::Memcache(c) => {
+                if !c.reader.buffer().is_empty() {
+                    return true;
+                }
+                c.reader.get_ref()
+            }
+            SideConn::Redis(c) => c.stream(),
+        };
+        let mut byte = 0u8;
+        // An idle connection answers EAGAIN, which is not the host program's business.
+        keeping_errno(|| {
+            // SAFETY: a one-byte receive into `byte`, which lives across the call, on the
+            // connection's own open descriptor; MSG_PEEK leaves the byte there, MSG_DONTWAIT
+            // does not block.
+            let n = unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+            n >= 0 || !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
+        })
+    }
+
     /// `value_max`: the pool's value limit (a Redis metadata value, version included, stays
     /// within it, so that the pool's own connections can read it too).
     fn connect(node: &NodeSpec, value_max: usize) -> Result<Self> {
@@ -639,6 +902,15 @@ impl SideConn {
         match self {
             SideConn::Memcache(c) => c.space(),
             SideConn::Redis(c) => c.space(),
+        }
+    }
+
+    /// The `(path, instance id)` of a kura server's change counter, from `stats`; `None` from
+    /// other servers.
+    fn changes_file(&mut self) -> Result<Option<(String, u64)>> {
+        match self {
+            SideConn::Memcache(c) => c.changes_file(),
+            SideConn::Redis(_) => Ok(None),
         }
     }
 
@@ -678,6 +950,20 @@ impl SideConn {
             SideConn::Redis(c) => c.delete(key, cond),
         }
     }
+}
+
+/// Runs `f`, leaving the calling thread's `errno` as it found it: system calls expected to
+/// fail (a look that finds nothing) must not change what the host program reads there after
+/// a kura call that succeeded.
+fn keeping_errno<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: __errno_location is the calling thread's errno, valid while the thread lives.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: as above.
+    let saved = unsafe { *errno };
+    let result = f();
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+    result
 }
 
 /// A blocking TCP connection to `addr` with the metadata timeouts.
@@ -747,24 +1033,45 @@ impl MetaConn {
         self.read_get_reply()
     }
 
-    /// `limit_maxbytes` and `bytes` from `stats`.
-    fn space(&mut self) -> Result<Option<(u64, u64)>> {
+    /// Sends `stats` and gives `visit` each `STAT` line's name and value (the rest of the line).
+    fn stats(&mut self, mut visit: impl FnMut(&str, &str)) -> Result<()> {
         self.send(b"stats\r\n", None)?;
-        let (mut capacity, mut used) = (None, None);
         for _ in 0..STATS_LINES_MAX {
-            let line = self.read_line()?.to_owned();
+            let line = self.read_line()?;
             if line == "END" {
-                return Ok(capacity.zip(used));
+                return Ok(());
             }
-            let mut words = line.split(' ');
-            match (words.next(), words.next(), words.next()) {
-                (Some("STAT"), Some("limit_maxbytes"), Some(v)) => capacity = v.parse().ok(),
-                (Some("STAT"), Some("bytes"), Some(v)) => used = v.parse().ok(),
-                (Some("STAT"), Some(_), _) => {}
-                _ => return Err(FsError::Io(format!("{}: unexpected line in stats: {line:?}", self.node))),
+            match line.strip_prefix("STAT ").map(|stat| stat.split_once(' ').unwrap_or((stat, ""))) {
+                Some((name, value)) => visit(name, value),
+                None => {
+                    let line = line.to_owned();
+                    return Err(FsError::Io(format!("{}: unexpected line in stats: {line:?}", self.node)));
+                }
             }
         }
         Err(FsError::Io(format!("{}: stats longer than {STATS_LINES_MAX} lines", self.node)))
+    }
+
+    /// `limit_maxbytes` and `bytes` from `stats`.
+    fn space(&mut self) -> Result<Option<(u64, u64)>> {
+        let (mut capacity, mut used) = (None, None);
+        self.stats(|name, value| match name {
+            "limit_maxbytes" => capacity = value.parse().ok(),
+            "bytes" => used = value.parse().ok(),
+            _ => {}
+        })?;
+        Ok(capacity.zip(used))
+    }
+
+    /// `kura_changes_file` and `kura_instance_id` from `stats` (a kura server's).
+    fn changes_file(&mut self) -> Result<Option<(String, u64)>> {
+        let (mut path, mut instance) = (None, None);
+        self.stats(|name, value| match name {
+            "kura_changes_file" => path = Some(value.to_owned()),
+            "kura_instance_id" => instance = u64::from_str_radix(value, 16).ok(),
+            _ => {}
+        })?;
+        Ok(path.zip(instance))
     }
 
     /// `mg` of every key in one write, then their replies in order.
@@ -900,7 +1207,99 @@ fn cas_flag<'a>(mut words: impl Iterator<Item = &'a str>) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{META_CACHE_BYTES_MAX, MetaCache, PoolSpace};
+    use super::{META_CACHE_BYTES_MAX, MetaCache, PoolSpace, Versioned};
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// A server as the copies see it: records and the count of changes.
+    #[derive(Default)]
+    struct ModelServer {
+        records: HashMap<u8, (Vec<u8>, u64)>,
+        changes: u64,
+    }
+
+    impl ModelServer {
+        fn write(&mut self, key: u8, value: Option<u8>) -> Versioned {
+            self.changes += 1;
+            match value {
+                Some(v) => {
+                    self.records.insert(key, (vec![v], self.changes));
+                }
+                None => {
+                    self.records.remove(&key);
+                }
+            }
+            self.records.get(&key).cloned()
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Another process changes a record.
+        Other(u8, Option<u8>),
+        /// This process changes a record; `race`: another's change lands while it does.
+        Own(u8, Option<u8>, bool),
+        /// This process reads a record; `race` 1: another's change lands before the fetch,
+        /// 2: after it, before the read is kept.
+        Read(u8, u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, prop::option::of(any::<u8>())).prop_map(|(k, v)| Op::Other(k, v)),
+            (0u8..4, prop::option::of(any::<u8>()), any::<bool>()).prop_map(|(k, v, r)| Op::Own(k, v, r)),
+            (0u8..4, 0u8..3).prop_map(|(k, r)| Op::Read(k, r)),
+            (0u8..4).prop_map(|k| Op::Read(k, 0)),
+        ]
+    }
+
+    proptest! {
+        /// Against a model server: a read answered through the copies (a hit at the current
+        /// change count, or a fetch kept when the count stood still) returns what the server
+        /// holds, whatever this process and others wrote, and however their changes fell
+        /// between the loads of the count (PoolKv::through_copies and PoolKv::writing).
+        #[test]
+        fn copies_read_what_the_server_holds(ops in prop::collection::vec(op(), 1..120)) {
+            let cache = MetaCache::default();
+            let mut server = ModelServer::default();
+            for op in ops {
+                match op {
+                    Op::Other(key, value) => {
+                        server.write(key, value);
+                    }
+                    Op::Own(key, value, race) => {
+                        let before = server.changes;
+                        if race {
+                            server.write(key.wrapping_add(1) % 4, Some(0));
+                        }
+                        let record = server.write(key, value);
+                        cache.advance(before, Some(server.changes), vec![(&[key][..], Some(record))]);
+                    }
+                    Op::Read(key, race) => {
+                        let began = server.changes;
+                        let held = cache.get_many_at(&[vec![key]], began).pop().unwrap();
+                        let got = match held {
+                            Some(record) => record,
+                            None => {
+                                if race == 1 {
+                                    server.write(key, Some(1));
+                                }
+                                let fetched = server.records.get(&key).cloned();
+                                if race == 2 {
+                                    server.write(key, Some(2));
+                                }
+                                cache.fill_at([(&[key][..], &fetched)].into_iter(), began, Some(server.changes));
+                                fetched
+                            }
+                        };
+                        if race == 0 {
+                            prop_assert_eq!(got, server.records.get(&key).cloned(), "read of {}", key);
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_read_that_raced_with_a_write_is_not_kept() {

@@ -99,6 +99,8 @@ impl Server {
     pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
         config.validate().map_err(ServerError::Config)?;
         let store = open_store(config)?;
+        let instance_id = crate::stats::new_instance_id();
+        publish_changes(&store, &config.path, instance_id);
         let listeners = bind_all(&config.listen)?;
         let local_addrs = listeners
             .iter()
@@ -131,7 +133,7 @@ impl Server {
                     max_connections: config.max_connections,
                     item_size_max_bytes: config.item_size_max_bytes,
                     port: local_addrs.first().map_or(0, SocketAddr::port),
-                    instance_id: crate::stats::new_instance_id(),
+                    instance_id,
                 },
                 conns: Arc::clone(&conns),
                 workers: worker_stats.clone(),
@@ -245,6 +247,9 @@ impl Server {
             failed |= handle.join().is_err();
         }
         self.shared.sources.crawler.stop();
+        if let Some(changes) = self.shared.store.changes() {
+            changes.close();
+        }
         self.shared
             .store
             .engine()
@@ -289,6 +294,24 @@ fn open_store(config: &ServerConfig) -> Result<Arc<Store>, ServerError> {
         source,
     })?;
     Ok(Arc::new(store))
+}
+
+/// Publishes the store's change counter beside it (`STORE.changes`, see
+/// [`kura_engine::changes`]) for clients on this host; a store on a block device, or a file
+/// that cannot be made, goes without (clients then read every record from the server).
+fn publish_changes(store: &Store, store_path: &std::path::Path, instance_id: u64) {
+    use std::os::unix::fs::FileTypeExt as _;
+    if std::fs::metadata(store_path).is_ok_and(|m| m.file_type().is_block_device()) {
+        return;
+    }
+    let path = kura_engine::changes::changes_path(store_path);
+    let path = std::path::absolute(&path).unwrap_or(path);
+    match kura_engine::changes::ChangeFile::create(&path, instance_id) {
+        Ok(changes) => {
+            let _ = store.publish_changes(changes);
+        }
+        Err(error) => tracing::warn!(path = %path.display(), %error, "cannot publish the change counter; clients on this host will not keep copies of records"),
+    }
 }
 
 fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, ServerError> {
@@ -414,10 +437,12 @@ fn start_housekeeper(
             let start = Instant::now();
             let mut next_sync = sync_interval.map(|interval| start + interval);
             let mut next_trim = start + heap::HEAP_TRIM_INTERVAL;
+            let beat_interval = Duration::from_millis(kura_engine::changes::CHANGES_HEARTBEAT_MS);
+            let mut next_beat = start + beat_interval;
             let mut stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 let now = Instant::now();
-                let next = next_sync.map_or(next_trim, |at| at.min(next_trim));
+                let next = next_sync.map_or(next_trim, |at| at.min(next_trim)).min(next_beat);
                 let (guard, _) = cvar
                     .wait_timeout(stopped, next.saturating_duration_since(now))
                     .unwrap_or_else(|e| e.into_inner());
@@ -427,6 +452,12 @@ fn start_housekeeper(
                 }
                 drop(stopped);
                 let now = Instant::now();
+                if now >= next_beat {
+                    if let Some(changes) = shared.store.changes() {
+                        changes.beat();
+                    }
+                    next_beat = now + beat_interval;
+                }
                 if let (Some(at), Some(interval)) = (next_sync, sync_interval)
                     && now >= at
                 {

@@ -379,6 +379,10 @@ impl StatsSources {
                 Text(format!("{:016x}", self.info.instance_id)),
             ),
         ]);
+        if let Some(changes) = self.store.changes() {
+            // Where clients on this host read the change counter (kura_engine::changes).
+            out.push(("kura_changes_file", Text(changes.path().display().to_string())));
+        }
         out
     }
 

@@ -325,6 +325,9 @@ pub struct Store {
     /// checks whether it covered its writes (group commit).
     sync_lock: Mutex<()>,
     pub counters: StoreCounters,
+    /// The change counter clients on this host read (see [`kura_engine::changes`]), once
+    /// the server publishes it.
+    changes: std::sync::OnceLock<kura_engine::changes::ChangeFile>,
 }
 
 impl Store {
@@ -386,8 +389,26 @@ impl Store {
             writes_synced: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
             counters: StoreCounters::default(),
+            changes: std::sync::OnceLock::new(),
             engine,
         })
+    }
+
+    /// Counts every later change in `changes` (once; a second call is refused).
+    pub fn publish_changes(&self, changes: kura_engine::changes::ChangeFile) -> Result<(), kura_engine::changes::ChangeFile> {
+        self.changes.set(changes)
+    }
+
+    /// The published change counter, if any.
+    pub fn changes(&self) -> Option<&kura_engine::changes::ChangeFile> {
+        self.changes.get()
+    }
+
+    /// A change is visible to readers (RAM cache included) and not yet acknowledged.
+    fn changed(&self) {
+        if let Some(changes) = self.changes.get() {
+            changes.bump();
+        }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -584,6 +605,7 @@ impl Store {
             Some(cached),
             cache_insert && self.cache.limit_bytes() > 0,
         );
+        self.changed();
         Ok((version, view))
     }
 
@@ -711,6 +733,7 @@ impl Store {
                     .write(key, &[], RecordKind::Tombstone, Condition::Always)?;
                 self.writes.fetch_add(1, Ordering::AcqRel);
                 self.cache.update(key, None, false);
+                self.changed();
             }
             DeleteMode::MarkStale { exptime_s } => {
                 let old_meta = *old.meta();
@@ -747,6 +770,7 @@ impl Store {
             kura_engine::WriteOutcome::Written { .. } => {
                 self.writes.fetch_add(1, Ordering::AcqRel);
                 self.cache.update(key, None, false);
+                self.changed();
                 Ok(true)
             }
             kura_engine::WriteOutcome::ConditionFailed { .. } => Ok(false),
@@ -950,6 +974,10 @@ impl Store {
         }
         self.engine.put(&FLUSH_STATE_KEY, &state.encode())?;
         self.engine.sync()?;
+        // A delayed flush takes effect later without a change of its own: clients' copies
+        // of records may outlive it until the next change (kura's file system writes no
+        // expiring or flushed keys).
+        self.changed();
         Ok(())
     }
 

@@ -125,6 +125,11 @@ pub(crate) struct RespConn {
 }
 
 impl RespConn {
+    /// The connection (to look at it while idle).
+    pub(crate) fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
     /// `value_max`: the pool's value limit.
     pub(crate) fn connect(addr: &str, value_max: usize) -> Result<Self> {
         let stream = connect_stream(addr)?;

@@ -1,0 +1,245 @@
+//! A served store's change counter, shared with the processes of its host.
+//!
+//! A kura server counts every change to what it serves (each write, delete and `flush_all`)
+//! in a small file beside the store (`STORE.changes`), mapped by the server and by clients on
+//! the same host. A client that keeps records it read (the file system's metadata) may answer
+//! from its copies for as long as the counter has not moved since it read them: nothing in
+//! the store changed in between, whoever wrote. The server bumps the counter after a change
+//! is visible to readers and before it acknowledges it, so a change a client could know of
+//! has always moved the counter.
+//!
+//! The file also names the server's instance (`kura_instance_id` of `stats`, which is how a
+//! client finds that the file is this server's) and carries a heartbeat the server renews
+//! every [`CHANGES_HEARTBEAT_MS`]: a server killed with `kill -9` or replaced by one on
+//! another store stops renewing it, and clients stop trusting the counter after
+//! [`CHANGES_HEARTBEAT_STALE_MS`]. A server that stops cleanly clears the instance at once.
+//! A server that opens the store again reuses the file and bumps the counter first, so that
+//! holders of the old mapping see a change.
+//!
+//! Layout (one 4 KiB page, native-endian words, each written and read atomically):
+//!
+//! | offset | word |
+//! |---|---|
+//! | 0 | magic `CHANGES_MAGIC` |
+//! | 8 | format version `CHANGES_FORMAT_VERSION` |
+//! | 16 | instance id (0: no server) |
+//! | 64 | change counter |
+//! | 128 | heartbeat: `CLOCK_MONOTONIC` milliseconds |
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// "KURACHG1", little-endian.
+pub const CHANGES_MAGIC: u64 = u64::from_le_bytes(*b"KURACHG1");
+pub const CHANGES_FORMAT_VERSION: u64 = 1;
+/// Bytes of the file (and of each mapping).
+pub const CHANGES_FILE_BYTES: usize = 4096;
+/// How often the server renews the heartbeat.
+pub const CHANGES_HEARTBEAT_MS: u64 = 500;
+/// A heartbeat older than this is a server that is gone (or stalled): the counter is not
+/// trusted.
+pub const CHANGES_HEARTBEAT_STALE_MS: u64 = 3000;
+
+const WORD_MAGIC: usize = 0;
+const WORD_VERSION: usize = 1;
+const WORD_INSTANCE: usize = 2;
+const WORD_COUNTER: usize = 8;
+const WORD_HEARTBEAT: usize = 16;
+
+/// The changes file of the store at `store_path`.
+pub fn changes_path(store_path: &Path) -> PathBuf {
+    let mut name = store_path.as_os_str().to_owned();
+    name.push(".changes");
+    PathBuf::from(name)
+}
+
+/// `CLOCK_MONOTONIC` in milliseconds: one clock for every process of the host.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// A shared mapping of a changes file.
+struct Mapping {
+    words: *const AtomicU64,
+}
+
+// SAFETY: the mapping lives as long as the value (unmapped in Drop) and is only accessed
+// through atomics, so any thread may use it.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(file: &std::fs::File, writable: bool) -> std::io::Result<Self> {
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        // SAFETY: a new shared mapping of CHANGES_FILE_BYTES of a file at least that long
+        // (checked by the callers); the result is checked before use.
+        let map = unsafe { libc::mmap(std::ptr::null_mut(), CHANGES_FILE_BYTES, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { words: map.cast::<AtomicU64>().cast_const() })
+    }
+
+    fn word(&self, at: usize) -> &AtomicU64 {
+        debug_assert!(at * 8 < CHANGES_FILE_BYTES);
+        // SAFETY: every word index used is inside the page-aligned mapping of
+        // CHANGES_FILE_BYTES, which outlives `self`; AtomicU64 has u64's size and alignment.
+        // A read-only mapping is only loaded from (`ChangeView` never stores).
+        unsafe { &*self.words.add(at) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, not used after this.
+        unsafe { libc::munmap(self.words.cast_mut().cast(), CHANGES_FILE_BYTES) };
+    }
+}
+
+/// The server's side: the counter it bumps and the heartbeat it renews.
+pub struct ChangeFile {
+    map: Mapping,
+    path: PathBuf,
+    instance_id: u64,
+}
+
+impl std::fmt::Debug for ChangeFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeFile").field("path", &self.path).field("instance_id", &self.instance_id).finish()
+    }
+}
+
+impl ChangeFile {
+    /// Opens (making it, mode 0644) the changes file at `path` for the server instance
+    /// `instance_id` (nonzero); the caller holds the store's lock, so no other server uses it.
+    pub fn create(path: &Path, instance_id: u64) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).custom_flags(libc::O_CLOEXEC).open(path)?;
+        if file.metadata()?.len() != CHANGES_FILE_BYTES as u64 {
+            file.set_len(CHANGES_FILE_BYTES as u64)?;
+        }
+        let map = Mapping::map(&file, true)?;
+        // Holders of an earlier server's mapping see a change before they see the new
+        // instance (either makes them read again).
+        map.word(WORD_COUNTER).fetch_add(1, Ordering::AcqRel);
+        map.word(WORD_MAGIC).store(CHANGES_MAGIC, Ordering::Release);
+        map.word(WORD_VERSION).store(CHANGES_FORMAT_VERSION, Ordering::Release);
+        map.word(WORD_HEARTBEAT).store(monotonic_ms(), Ordering::Release);
+        map.word(WORD_INSTANCE).store(instance_id, Ordering::Release);
+        map.word(WORD_COUNTER).fetch_add(1, Ordering::AcqRel);
+        Ok(Self { map, path: path.to_owned(), instance_id })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// One more change: call after the change is visible to readers, before acknowledging it.
+    pub fn bump(&self) {
+        self.map.word(WORD_COUNTER).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Renews the heartbeat (every [`CHANGES_HEARTBEAT_MS`]).
+    pub fn beat(&self) {
+        self.map.word(WORD_HEARTBEAT).store(monotonic_ms(), Ordering::Release);
+    }
+
+    /// The server stops: clients stop trusting the counter at once.
+    pub fn close(&self) {
+        self.map.word(WORD_INSTANCE).store(0, Ordering::Release);
+        self.bump();
+    }
+}
+
+/// A client's read-only view of a server's changes file.
+pub struct ChangeView {
+    map: Mapping,
+    instance_id: u64,
+}
+
+impl std::fmt::Debug for ChangeView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeView").field("instance_id", &self.instance_id).field("counter", &self.counter()).finish()
+    }
+}
+
+impl ChangeView {
+    /// Maps the changes file at `path`, which must belong to the server instance
+    /// `instance_id` (as its `stats` said) and be alive.
+    pub fn open(path: &Path, instance_id: u64) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {what}", path.display()));
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path)?;
+        if file.metadata()?.len() != CHANGES_FILE_BYTES as u64 {
+            return Err(invalid("not a kura changes file (its size)"));
+        }
+        let map = Mapping::map(&file, false)?;
+        if map.word(WORD_MAGIC).load(Ordering::Acquire) != CHANGES_MAGIC || map.word(WORD_VERSION).load(Ordering::Acquire) != CHANGES_FORMAT_VERSION {
+            return Err(invalid("not a kura changes file of this version"));
+        }
+        let view = Self { map, instance_id };
+        if view.counter().is_none() {
+            return Err(invalid("belongs to another server instance, or its server is gone"));
+        }
+        Ok(view)
+    }
+
+    /// The change counter, while the file is the server's and the server is alive; `None`
+    /// when it cannot be trusted (the view is then of no more use: the server changed).
+    pub fn counter(&self) -> Option<u64> {
+        let counter = self.map.word(WORD_COUNTER).load(Ordering::Acquire);
+        let alive = self.map.word(WORD_INSTANCE).load(Ordering::Acquire) == self.instance_id
+            && monotonic_ms().saturating_sub(self.map.word(WORD_HEARTBEAT).load(Ordering::Acquire)) <= CHANGES_HEARTBEAT_STALE_MS;
+        alive.then_some(counter)
+    }
+
+    /// The server instance this view belongs to.
+    pub fn instance_id(&self) -> u64 {
+        self.instance_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_follows_the_counter_of_its_server_and_stops_at_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = changes_path(&dir.path().join("store"));
+        let server = ChangeFile::create(&path, 7).unwrap();
+        let view = ChangeView::open(&path, 7).unwrap();
+        let first = view.counter().unwrap();
+        assert_eq!(view.counter(), Some(first));
+        server.bump();
+        assert_eq!(view.counter(), Some(first + 1));
+        assert!(ChangeView::open(&path, 8).is_err(), "another instance's file is refused");
+        // A new server on the same store: the old view is done.
+        drop(server);
+        let _next = ChangeFile::create(&path, 9).unwrap();
+        assert_eq!(view.counter(), None);
+        let next_view = ChangeView::open(&path, 9).unwrap();
+        assert!(next_view.counter().unwrap() > first + 1, "the counter only grows");
+    }
+
+    #[test]
+    fn a_closed_or_silent_server_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.changes");
+        let server = ChangeFile::create(&path, 3).unwrap();
+        let view = ChangeView::open(&path, 3).unwrap();
+        server.map.word(WORD_HEARTBEAT).store(monotonic_ms() - CHANGES_HEARTBEAT_STALE_MS - 1, Ordering::Release);
+        assert_eq!(view.counter(), None, "a stale heartbeat");
+        server.beat();
+        assert!(view.counter().is_some());
+        server.close();
+        assert_eq!(view.counter(), None, "closed");
+        std::fs::write(dir.path().join("other"), b"x").unwrap();
+        assert!(ChangeView::open(&dir.path().join("other"), 3).is_err());
+    }
+}

@@ -1,0 +1,59 @@
+#!/bin/bash
+# Read-only metadata-heavy programs on the kura file system through a local kura server (the
+# default pool of `kura fs run`), for two builds alternated, with ext4 in each round: the
+# figures of the README's table of copies kept while the servers' change count stands still.
+#
+#   scripts/fs-read-ab.sh OLD_DIR NEW_DIR WORK_DIR [ROUNDS]
+#
+# OLD_DIR and NEW_DIR each hold a `kura` binary and its `libkura_fs.so` (a target/release of
+# each build); WORK_DIR is scratch space on the disk to measure (ext4 runs there too). Each
+# round and build gets a fresh data directory; the tree (1,000 files in 40 directories, a git
+# repository) is made, looked at once, then timed. Prints each run's lines (ms; stat lines
+# in µs), prefixed with the build and round.
+set -euo pipefail
+[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+OLD=$(realpath "$1"); NEW=$(realpath "$2"); WORK=$(realpath -m "$3"); ROUNDS=${4:-3}
+mkdir -p "$WORK"; cd "$WORK"
+
+cat > work.sh <<'EOS'
+set -e
+B=$1
+t() { local s=$(date +%s%N); "$@" >/dev/null 2>&1; local e=$(date +%s%N); printf "%-28s %8.1f ms\n" "$*" $(( (e-s)/100000 ))e-1; }
+if [ ! -d $B/tree ]; then
+  mkdir -p $B/tree; cd $B/tree
+  for d in $(seq 1 20); do mkdir -p d$d/sub; for f in $(seq 1 50); do echo "file $d $f" > d$d/sub/f$f.txt; done; done
+  git init -q . && git add -A && git -c user.email=a@b -c user.name=a commit -qm x
+fi
+cd $B/tree
+t find . -type f
+t ls -lR .
+t du -s .
+t git status
+t tar cf /dev/null .
+python3 "$(dirname "$0")/st.py" $B/tree
+EOS
+cat > st.py <<'EOS'
+import os, time, sys
+b = sys.argv[1]
+for p, what in [(b+"/d1/sub/f1.txt", "stat"), (b+"/d1/sub/f1.txt", "open+read+close"), (b+"/d1/sub/nope", "stat-missing")]:
+    n = 1000; t0 = time.perf_counter()
+    for i in range(n):
+        if what == "open+read+close":
+            fd = os.open(p, os.O_RDONLY); os.read(fd, 4096); os.close(fd)
+        else:
+            try: os.stat(p)
+            except FileNotFoundError: pass
+    print(f"{what:28} {(time.perf_counter()-t0)/n*1e6:8.1f} us")
+EOS
+
+for r in $(seq 1 "$ROUNDS"); do
+  for b in old new; do
+    if [ $b = old ]; then K=$OLD; else K=$NEW; fi
+    D=$WORK/data-$b-$r; rm -rf "$D"
+    "$K/kura" fs run --data-dir "$D" --store-size 1G --fuse off -- \
+      bash -c "bash $WORK/work.sh /kura/w >/dev/null; bash $WORK/work.sh /kura/w" | sed "s/^/$b $r /"
+    rm -rf "$D"
+  done
+  E=$WORK/ext4-$r; rm -rf "$E"; mkdir -p "$E"
+  bash work.sh "$E" >/dev/null; bash work.sh "$E" | sed "s/^/ext4 $r /"; rm -rf "$E"
+done
