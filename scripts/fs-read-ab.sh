@@ -8,8 +8,9 @@
 # OLD_DIR and NEW_DIR each hold a `kura` binary and its `libkura_fs.so` (a target/release of
 # each build); WORK_DIR is scratch space on the disk to measure (ext4 runs there too). Each
 # round and build gets a fresh data directory; the tree (1,000 files in 40 directories, a git
-# repository) is made, looked at once, then timed. Prints each run's lines (ms; stat lines
-# in µs), prefixed with the build and round.
+# repository) is made, looked at once, then timed; find, ls -lR and du are timed again at the
+# end (new processes over an unchanged tree). Prints each run's lines (ms; stat lines in µs),
+# prefixed with the build and round.
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
 OLD=$(realpath "$1"); NEW=$(realpath "$2"); WORK=$(realpath -m "$3"); ROUNDS=${4:-3}
@@ -31,6 +32,10 @@ t du -s .
 t git status
 t tar cf /dev/null .
 python3 "$(dirname "$0")/st.py" $B/tree
+# The same read-only programs again, each a new process, nothing changed in between.
+t find . -type f
+t ls -lR .
+t du -s .
 EOS
 cat > st.py <<'EOS'
 import os, time, sys
@@ -55,5 +60,5 @@ for r in $(seq 1 "$ROUNDS"); do
     rm -rf "$D"
   done
   E=$WORK/ext4-$r; rm -rf "$E"; mkdir -p "$E"
-  bash work.sh "$E" >/dev/null; bash work.sh "$E" | sed "s/^/ext4 $r /"; rm -rf "$E"
+  bash "$WORK/work.sh" "$E" >/dev/null; bash "$WORK/work.sh" "$E" | sed "s/^/ext4 $r /"; rm -rf "$E"
 done

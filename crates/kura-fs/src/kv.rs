@@ -202,12 +202,20 @@ pub struct PoolKv {
     meta_cache: MetaCache,
     /// The servers' change counters, on a pool of kura servers only.
     changes: Option<crate::sync::Mutex<Changes>>,
+    /// Where copies are shared with the host's other processes (see [`crate::copies`]), and
+    /// the table, mapped once the counters are found (`None` inside when it cannot be).
+    shared_copies_path: Option<std::path::PathBuf>,
+    shared_copies: std::sync::OnceLock<Option<crate::copies::SharedCopies>>,
+    /// The pool's servers, as the shared copies tell pools apart: a hash of their instance ids
+    /// (0 until the counters are found).
+    pool_tag: AtomicU64,
 }
 
 /// Metadata reads on a networked pool before the file system looks for its servers' change
-/// counters (one `stats` per node): a short-lived process (`stat`, `cat`) does not pay for
-/// the look.
-pub const CHANGES_DISCOVER_AFTER_READS: u32 = 16;
+/// counters: the first read makes the metadata connections, which ask each kura server for
+/// its counter's file with their first request (`stats changes`, in the same round trip), so
+/// the look after it costs no round trip.
+pub const CHANGES_DISCOVER_AFTER_READS: u32 = 1;
 /// How long after a failed look, or after a counter stopped being trusted (a server gone,
 /// restarted or silent), the next look is made.
 pub const CHANGES_RETRY_MS: u64 = 10_000;
@@ -334,20 +342,22 @@ impl MetaCache {
     /// Networked pool: this process's writes made `changes` (see [`PoolKv::writing`]) while the
     /// change epoch went from `before` to `after`: when that is all that changed and the copies
     /// are of `before`, they are kept, with `changes` applied, at `after`.
-    fn advance(&self, before: u64, after: Option<u64>, changes: Vec<(&[u8], Option<Versioned>)>) {
+    /// Whether it did.
+    fn advance(&self, before: u64, after: Option<u64>, changes: &[(&[u8], Option<Versioned>)]) -> bool {
         let mut inner = self.inner.lock();
         if inner.epoch != before || after != Some(before.wrapping_add(changes.len() as u64)) {
-            return;
+            return false;
         }
         inner.epoch = before.wrapping_add(changes.len() as u64);
         for (key, record) in changes {
             match record {
-                Some(record) => inner.put(key, record),
+                Some(record) => inner.put(key, record.clone()),
                 None => {
-                    inner.records.remove(key);
+                    inner.records.remove(*key);
                 }
             }
         }
+        true
     }
 
     /// Forgets `keys` (written or deleted without their new state at hand).
@@ -386,7 +396,69 @@ impl PoolKv {
         let redis = engine.is_none() && pool.config().nodes.iter().any(|n| n.backend == Backend::Redis);
         let changes = (engine.is_none() && pool.config().nodes.iter().all(|n| n.backend == Backend::Kura))
             .then(|| crate::sync::Mutex::new(Changes::Unknown { reads: 0 }));
-        Ok(Self { pool, id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed), engine, redis, meta_cache: MetaCache::default(), changes })
+        Ok(Self {
+            pool,
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            engine,
+            redis,
+            meta_cache: MetaCache::default(),
+            changes,
+            shared_copies_path: None,
+            shared_copies: std::sync::OnceLock::new(),
+            pool_tag: AtomicU64::new(0),
+        })
+    }
+
+    /// Shares copies of records with the host's other processes that use the table at `path`
+    /// (made when missing; see [`crate::copies`]), on pools where copies are kept at all.
+    pub fn with_shared_copies(mut self, path: std::path::PathBuf) -> Self {
+        self.shared_copies_path = Some(path);
+        self
+    }
+
+    /// The shared table, when there is one (mapped at the first use).
+    fn shared(&self) -> Option<&crate::copies::SharedCopies> {
+        let path = self.shared_copies_path.as_ref()?;
+        self.shared_copies
+            .get_or_init(|| {
+                keeping_errno(|| crate::copies::SharedCopies::open(path, crate::copies::SHARED_COPIES_SLOTS))
+                    .map_err(|error| tracing::debug!(path = %path.display(), %error, "not sharing copies of records"))
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// The copies of `keys` current at `epoch`, this process's or, failing those, the shared
+    /// ones (`None` for a key of which there is none).
+    fn held_at(&self, keys: &[Vec<u8>], epoch: u64) -> Vec<Option<Versioned>> {
+        let mut held = self.meta_cache.get_many_at(keys, epoch);
+        if held.iter().any(Option::is_none)
+            && let Some(shared) = self.shared()
+        {
+            let pool = self.pool_tag.load(Ordering::Relaxed);
+            for (key, slot) in keys.iter().zip(held.iter_mut()).filter(|(_, h)| h.is_none()) {
+                if let Some(record) = shared.get(pool, epoch, key) {
+                    self.meta_cache.fill_at(std::iter::once((key.as_slice(), &record)), epoch, Some(epoch));
+                    *slot = Some(record);
+                }
+            }
+        }
+        held
+    }
+
+    /// Keeps records read (or written) as the copies current at `epoch`, when that is still
+    /// the pool's epoch (`now`): this process's, and shared.
+    fn keep_at<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)> + Clone, epoch: u64, now: Option<u64>) {
+        if now != Some(epoch) {
+            return;
+        }
+        self.meta_cache.fill_at(records.clone(), epoch, now);
+        if let Some(shared) = self.shared() {
+            let pool = self.pool_tag.load(Ordering::Relaxed);
+            for (key, record) in records {
+                shared.put(pool, epoch, key, record);
+            }
+        }
     }
 
     /// The pool's change epoch (the sum of its servers' change counters) while copies of
@@ -406,7 +478,7 @@ impl PoolKv {
             }
             Changes::Unknown { reads } => {
                 *reads += u32::from(discover);
-                discover && *reads >= CHANGES_DISCOVER_AFTER_READS
+                discover && *reads > CHANGES_DISCOVER_AFTER_READS
             }
             Changes::Unavailable { retry_at_ms } => discover && kura_engine::changes::monotonic_ms() >= *retry_at_ms,
         };
@@ -418,6 +490,8 @@ impl PoolKv {
         drop(state);
         let views = keeping_errno(|| self.look_for_changes())?;
         let epoch = views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)))?;
+        let instances: Vec<u64> = views.iter().map(kura_engine::changes::ChangeView::instance_id).collect();
+        self.pool_tag.store(xxhash_rust::xxh3::xxh3_64(&instances.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>()) | 1, Ordering::Relaxed);
         *changes.lock() = Changes::Views(views);
         Some(epoch)
     }
@@ -451,11 +525,11 @@ impl PoolKv {
         let Some(epoch) = self.change_epoch(true) else {
             return fetch(keys);
         };
-        let mut held = self.meta_cache.get_many_at(keys, epoch);
+        let mut held = self.held_at(keys, epoch);
         let missing: Vec<Vec<u8>> = keys.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(key, _)| key.clone()).collect();
         if !missing.is_empty() {
             let fetched = fetch(&missing)?;
-            self.meta_cache.fill_at(missing.iter().map(Vec::as_slice).zip(&fetched), epoch, self.change_epoch(false));
+            self.keep_at(missing.iter().map(Vec::as_slice).zip(&fetched), epoch, self.change_epoch(false));
             let mut fetched = fetched.into_iter();
             for slot in held.iter_mut().filter(|h| h.is_none()) {
                 *slot = Some(fetched.next().expect("one record per missing key"));
@@ -518,7 +592,17 @@ impl PoolKv {
         };
         let outcome = write()?;
         if let Some(changes) = changed(&outcome) {
-            self.meta_cache.advance(before, self.change_epoch(false), changes);
+            let after = self.change_epoch(false);
+            if self.meta_cache.advance(before, after, &changes)
+                && let (Some(shared), Some(after)) = (self.shared(), after)
+            {
+                let pool = self.pool_tag.load(Ordering::Relaxed);
+                for (key, record) in &changes {
+                    if let Some(record) = record {
+                        shared.put(pool, after, key, record);
+                    }
+                }
+            }
         }
         Ok(outcome)
     }
@@ -717,14 +801,10 @@ impl Kv for PoolKv {
             // Through the metadata cache.
             return keys.iter().map(|key| Ok(self.get_versioned(key)?.map(|(value, _)| value))).collect();
         }
-        if self.changes.is_some()
-            && let Some(epoch) = self.change_epoch(true)
-        {
-            // Copies where there are (read without their versions, these are not kept).
-            let held = self.meta_cache.get_many_at(keys, epoch);
-            let missing: Vec<Vec<u8>> = keys.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(key, _)| key.clone()).collect();
-            let mut fetched = self.get_many(&missing)?.into_iter();
-            return Ok(held.into_iter().map(|h| h.map_or_else(|| fetched.next().expect("one value per missing key"), |record| record.map(|(value, _)| value))).collect());
+        if self.changes.is_some() {
+            // With their versions, on the metadata connections, so that they can be kept as
+            // copies (a listing's buckets and its entries' inodes, read again by the next `ls`).
+            return Ok(self.get_versioned_many(keys)?.into_iter().map(|record| record.map(|(value, _)| value)).collect());
         }
         let mut values = self.get_many(keys)?;
         if self.redis {
@@ -845,6 +925,9 @@ impl Kv for PoolKv {
     }
 }
 
+/// What a metadata connection to a kura server sends with its first request.
+const CHANGES_REQUEST: &[u8] = b"stats changes\r\n";
+
 /// Deletes one call keeps in flight.
 const DELETE_WINDOW: usize = 256;
 
@@ -884,7 +967,7 @@ impl SideConn {
         let addr = &node.addrs[0];
         Ok(match node.backend {
             Backend::Redis => SideConn::Redis(RespConn::connect(addr, value_max)?),
-            _ => SideConn::Memcache(MetaConn::connect(addr)?),
+            _ => SideConn::Memcache(MetaConn::connect(addr, node.backend == Backend::Kura)?),
         })
     }
 
@@ -992,13 +1075,20 @@ struct MetaConn {
     writer: TcpStream,
     line: String,
     node: String,
+    /// A kura server's: `stats changes` goes out with the first request (no round trip of its
+    /// own); then its answer is read first; then what it said, if anything.
+    ask_changes: bool,
+    changes_pending: bool,
+    changes: Option<(String, u64)>,
 }
 
 impl MetaConn {
-    fn connect(addr: &str) -> Result<Self> {
+    /// `ask_changes`: the node is a kura server, whose change counter is asked for with the
+    /// first request.
+    fn connect(addr: &str, ask_changes: bool) -> Result<Self> {
         let stream = connect_stream(addr)?;
         let writer = kura_pool::fd::keep_high(stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?);
-        Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned() })
+        Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None })
     }
 
     fn io(&self, e: std::io::Error) -> FsError {
@@ -1006,7 +1096,11 @@ impl MetaConn {
     }
 
     fn send(&mut self, head: &[u8], body: Option<&[u8]>) -> Result<()> {
-        let mut msg = Vec::with_capacity(head.len() + body.map_or(0, |b| b.len() + 2));
+        let mut msg = Vec::with_capacity(head.len() + body.map_or(0, |b| b.len() + 2) + CHANGES_REQUEST.len());
+        if std::mem::take(&mut self.ask_changes) {
+            msg.extend_from_slice(CHANGES_REQUEST);
+            self.changes_pending = true;
+        }
         msg.extend_from_slice(head);
         if let Some(body) = body {
             msg.extend_from_slice(body);
@@ -1016,16 +1110,45 @@ impl MetaConn {
     }
 
     fn read_line(&mut self) -> Result<&str> {
-        self.line.clear();
-        let n = self.reader.read_line(&mut self.line).map_err(|e| FsError::Io(format!("{}: {e}", self.node)))?;
-        if n == 0 || !self.line.ends_with("\r\n") {
-            return Err(FsError::Io(format!("{}: connection closed", self.node)));
+        if std::mem::take(&mut self.changes_pending) {
+            self.read_changes_reply()?;
         }
+        self.read_raw_line()?;
         let line = self.line.trim_end();
         if line.starts_with("SERVER_ERROR") || line.starts_with("CLIENT_ERROR") || line == "ERROR" {
             return Err(if is_out_of_space(line) { FsError::NoSpace } else { FsError::Io(format!("{}: {line}", self.node)) });
         }
         Ok(line)
+    }
+
+    /// The answer to `stats changes` (an error line from a server that does not know it is
+    /// no answer).
+    fn read_changes_reply(&mut self) -> Result<()> {
+        let (mut path, mut instance) = (None, None);
+        for _ in 0..STATS_LINES_MAX {
+            self.read_raw_line()?;
+            let line = self.line.trim_end();
+            if let Some(value) = line.strip_prefix("STAT kura_changes_file ") {
+                path = Some(value.to_owned());
+            } else if let Some(value) = line.strip_prefix("STAT kura_instance_id ") {
+                instance = u64::from_str_radix(value, 16).ok();
+            } else if !line.starts_with("STAT ") {
+                // END, or ERROR.
+                self.changes = path.zip(instance);
+                return Ok(());
+            }
+        }
+        Err(FsError::Io(format!("{}: stats changes longer than {STATS_LINES_MAX} lines", self.node)))
+    }
+
+    /// Reads one line into `self.line`.
+    fn read_raw_line(&mut self) -> Result<()> {
+        self.line.clear();
+        let n = self.reader.read_line(&mut self.line).map_err(|e| FsError::Io(format!("{}: {e}", self.node)))?;
+        if n == 0 || !self.line.ends_with("\r\n") {
+            return Err(FsError::Io(format!("{}: connection closed", self.node)));
+        }
+        Ok(())
     }
 
     fn get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>> {
@@ -1063,8 +1186,12 @@ impl MetaConn {
         Ok(capacity.zip(used))
     }
 
-    /// `kura_changes_file` and `kura_instance_id` from `stats` (a kura server's).
+    /// `kura_changes_file` and `kura_instance_id`: as `stats changes` said with the first
+    /// request, else from `stats` (a kura server's).
     fn changes_file(&mut self) -> Result<Option<(String, u64)>> {
+        if let Some(changes) = &self.changes {
+            return Ok(Some(changes.clone()));
+        }
         let (mut path, mut instance) = (None, None);
         self.stats(|name, value| match name {
             "kura_changes_file" => path = Some(value.to_owned()),
@@ -1273,7 +1400,7 @@ mod tests {
                             server.write(key.wrapping_add(1) % 4, Some(0));
                         }
                         let record = server.write(key, value);
-                        cache.advance(before, Some(server.changes), vec![(&[key][..], Some(record))]);
+                        cache.advance(before, Some(server.changes), &[(&[key][..], Some(record))]);
                     }
                     Op::Read(key, race) => {
                         let began = server.changes;

@@ -26,6 +26,7 @@
 
 mod bounded;
 pub mod cache;
+pub mod copies;
 pub mod elf;
 pub mod error;
 pub mod fuse;

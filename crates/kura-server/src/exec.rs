@@ -632,6 +632,9 @@ fn stats(ctx: &mut Ctx<'_>, args: &kura_proto::Tokens<'_>) {
     let lines = match words.next() {
         None => ctx.sources.general(),
         Some(b"settings") => ctx.sources.settings(),
+        // kura's: the instance and the change counter's file (kura_engine::changes), what a
+        // client keeping copies of records asks for when it connects.
+        Some(b"changes") => ctx.sources.changes(),
         Some(b"reset") if args.len() == 1 => {
             ctx.out.push_bytes(Reply::Reset.as_bytes());
             return;

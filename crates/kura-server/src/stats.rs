@@ -386,6 +386,16 @@ impl StatsSources {
         out
     }
 
+    /// `stats changes` (kura's): `kura_instance_id`, and `kura_changes_file` when the store
+    /// publishes its change counter.
+    pub fn changes(&self) -> Vec<(&'static str, StatValue)> {
+        let mut out = vec![("kura_instance_id", StatValue::Text(format!("{:016x}", self.info.instance_id)))];
+        if let Some(changes) = self.store.changes() {
+            out.push(("kura_changes_file", StatValue::Text(changes.path().display().to_string())));
+        }
+        out
+    }
+
     /// `stats settings`.
     pub fn settings(&self) -> Vec<(&'static str, StatValue)> {
         use StatValue::{Text, U64};
