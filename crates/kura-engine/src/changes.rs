@@ -160,6 +160,7 @@ impl ChangeFile {
 pub struct ChangeView {
     map: Mapping,
     instance_id: u64,
+    path: PathBuf,
 }
 
 impl std::fmt::Debug for ChangeView {
@@ -182,7 +183,7 @@ impl ChangeView {
         if map.word(WORD_MAGIC).load(Ordering::Acquire) != CHANGES_MAGIC || map.word(WORD_VERSION).load(Ordering::Acquire) != CHANGES_FORMAT_VERSION {
             return Err(invalid("not a kura changes file of this version"));
         }
-        let view = Self { map, instance_id };
+        let view = Self { map, instance_id, path: path.to_owned() };
         if view.counter().is_none() {
             return Err(invalid("belongs to another server instance, or its server is gone"));
         }
@@ -201,6 +202,11 @@ impl ChangeView {
     /// The server instance this view belongs to.
     pub fn instance_id(&self) -> u64 {
         self.instance_id
+    }
+
+    /// The file mapped: one per store, whatever the server's port or start.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 

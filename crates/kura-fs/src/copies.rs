@@ -31,10 +31,15 @@ use crate::kv::Versioned;
 /// layout makes a new file instead of reading an old one wrongly.
 pub const SHARED_COPIES_FORMAT: u32 = 1;
 
-/// The table's file name, for the file system `tag` (its name and pool) and user `uid`.
-pub fn shared_copies_file_name(tag: u64, uid: u32) -> String {
-    format!("{tag:016x}.copies{SHARED_COPIES_FORMAT}.{uid}")
+/// The table's file name, for the pool `stores` (a hash of its servers' stores: the same
+/// table whatever port or start of them a process reaches) and user `uid`.
+pub fn shared_copies_file_name(stores: u64, uid: u32) -> String {
+    format!("{stores:016x}.copies{SHARED_COPIES_FORMAT}.{uid}")
 }
+
+/// A table no process has opened for this long is removed by the next process of its user
+/// that opens one (its pages are memory, in `/dev/shm`).
+pub const SHARED_COPIES_IDLE_S: u64 = 24 * 3600;
 
 /// Slots of the table (32 MiB with [`SLOT_WORDS`] of 64; pages no process touched take no
 /// memory).
@@ -80,6 +85,30 @@ impl Drop for SharedCopies {
     }
 }
 
+/// Removes this user's tables in `dir` (other than `keep`) that no process opened for
+/// [`SHARED_COPIES_IDLE_S`]: tables of pools and stores no longer used.
+fn remove_idle(dir: &Path, uid: u32, keep: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let ending = format!(".{uid}");
+    let idle = std::time::Duration::from_secs(SHARED_COPIES_IDLE_S);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.contains(".copies") || !name.ends_with(&ending) || entry.path() == keep {
+            continue;
+        }
+        let Ok(meta) = entry.path().symlink_metadata() else {
+            continue;
+        };
+        if meta.is_file() && meta.uid() == uid && meta.modified().ok().and_then(|m| m.elapsed().ok()).is_some_and(|age| age > idle) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 impl SharedCopies {
     /// Maps the table at `path`, making it (mode 0600) or growing it to `slots` slots first.
     /// A file that is not this user's own, or that others may write, is refused: what it
@@ -102,6 +131,11 @@ impl SharedCopies {
         let uid = unsafe { libc::geteuid() };
         if meta.uid() != uid || meta.mode() & 0o022 != 0 || !meta.is_file() {
             return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is not this user's own file (owner {}, mode {:o})", path.display(), meta.uid(), meta.mode() & 0o7777)));
+        }
+        // In use: not idle (see `remove_idle`).
+        let _ = file.set_modified(std::time::SystemTime::now());
+        if let Some(dir) = path.parent() {
+            remove_idle(dir, uid, path);
         }
         let len_bytes = slots * SLOT_WORDS * 8;
         if meta.len() < len_bytes as u64 {
@@ -258,6 +292,26 @@ mod tests {
         assert!(SharedCopies::open(&path, 8).is_ok());
         std::os::unix::fs::symlink(&path, dir.path().join("link")).unwrap();
         assert!(SharedCopies::open(&dir.path().join("link"), 8).is_err(), "not through a symlink");
+    }
+
+    #[test]
+    fn tables_idle_for_a_day_go_when_another_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let old = dir.path().join(shared_copies_file_name(1, uid));
+        let recent = dir.path().join(shared_copies_file_name(2, uid));
+        let other = dir.path().join("unrelated");
+        for path in [&old, &recent, &other] {
+            std::fs::write(path, b"").unwrap();
+        }
+        let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(SHARED_COPIES_IDLE_S + 60);
+        for path in [&old, &other] {
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(day_ago).unwrap();
+        }
+        let _table = SharedCopies::open(&dir.path().join(shared_copies_file_name(3, uid)), 8).unwrap();
+        assert!(!old.exists(), "an idle table is removed");
+        assert!(recent.exists() && other.exists(), "a table in use and other files stay");
     }
 
     #[test]

@@ -202,13 +202,16 @@ pub struct PoolKv {
     meta_cache: MetaCache,
     /// The servers' change counters, on a pool of kura servers only.
     changes: Option<crate::sync::Mutex<Changes>>,
-    /// Where copies are shared with the host's other processes (see [`crate::copies`]), and
-    /// the table, mapped once the counters are found (`None` inside when it cannot be).
-    shared_copies_path: Option<std::path::PathBuf>,
+    /// The directory where copies are shared with the host's other processes (see
+    /// [`crate::copies`]), and the table, mapped once the counters are found (`None` inside
+    /// when it cannot be).
+    shared_copies_dir: Option<std::path::PathBuf>,
     shared_copies: std::sync::OnceLock<Option<crate::copies::SharedCopies>>,
     /// The pool's servers, as the shared copies tell pools apart: a hash of their instance ids
     /// (0 until the counters are found).
     pool_tag: AtomicU64,
+    /// The pool's stores, which name the shared table: a hash of their change files' paths.
+    stores_tag: AtomicU64,
 }
 
 /// Metadata reads on a networked pool before the file system looks for its servers' change
@@ -360,6 +363,14 @@ impl MetaCache {
         true
     }
 
+    /// Networked pool: drops every copy and the epoch they were current at (the pool's
+    /// servers changed).
+    fn restart(&self) {
+        let mut inner = self.inner.lock();
+        inner.records = BytesBounded::default();
+        inner.epoch = 0;
+    }
+
     /// Forgets `keys` (written or deleted without their new state at hand).
     fn forget<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) {
         let mut inner = self.inner.lock();
@@ -403,25 +414,31 @@ impl PoolKv {
             redis,
             meta_cache: MetaCache::default(),
             changes,
-            shared_copies_path: None,
+            shared_copies_dir: None,
             shared_copies: std::sync::OnceLock::new(),
             pool_tag: AtomicU64::new(0),
+            stores_tag: AtomicU64::new(0),
         })
     }
 
-    /// Shares copies of records with the host's other processes that use the table at `path`
-    /// (made when missing; see [`crate::copies`]), on pools where copies are kept at all.
-    pub fn with_shared_copies(mut self, path: std::path::PathBuf) -> Self {
-        self.shared_copies_path = Some(path);
+    /// Shares copies of records with the host's other processes that use the same pool, in a
+    /// table in `dir` (one per user and the pool's stores, made when missing; see
+    /// [`crate::copies`]), on pools where copies are kept at all.
+    pub fn with_shared_copies(mut self, dir: std::path::PathBuf) -> Self {
+        self.shared_copies_dir = Some(dir);
         self
     }
 
-    /// The shared table, when there is one (mapped at the first use).
+    /// The shared table, when there is one (mapped at the first use, once the counters are
+    /// found).
     fn shared(&self) -> Option<&crate::copies::SharedCopies> {
-        let path = self.shared_copies_path.as_ref()?;
+        let dir = self.shared_copies_dir.as_ref()?;
         self.shared_copies
             .get_or_init(|| {
-                keeping_errno(|| crate::copies::SharedCopies::open(path, crate::copies::SHARED_COPIES_SLOTS))
+                // SAFETY: geteuid cannot fail and touches no memory.
+                let uid = unsafe { libc::geteuid() };
+                let path = dir.join(crate::copies::shared_copies_file_name(self.stores_tag.load(Ordering::Relaxed), uid));
+                keeping_errno(|| crate::copies::SharedCopies::open(&path, crate::copies::SHARED_COPIES_SLOTS))
                     .map_err(|error| tracing::debug!(path = %path.display(), %error, "not sharing copies of records"))
                     .ok()
             })
@@ -491,7 +508,12 @@ impl PoolKv {
         let views = keeping_errno(|| self.look_for_changes())?;
         let epoch = views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)))?;
         let instances: Vec<u64> = views.iter().map(kura_engine::changes::ChangeView::instance_id).collect();
+        let stores: Vec<u8> = views.iter().flat_map(|view| view.path().as_os_str().as_encoded_bytes().iter().copied().chain([0])).collect();
+        self.stores_tag.store(xxhash_rust::xxh3::xxh3_64(&stores), Ordering::Relaxed);
         self.pool_tag.store(xxhash_rust::xxh3::xxh3_64(&instances.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>()) | 1, Ordering::Relaxed);
+        // Counts of other servers (a restarted pool, a store made again) say nothing of the
+        // copies kept before: they go.
+        self.meta_cache.restart();
         *changes.lock() = Changes::Views(views);
         Some(epoch)
     }

@@ -190,6 +190,9 @@ impl Scratch {
     fn preload(&self, program: &Path) -> Command {
         let mut cmd = Command::new(kura());
         cmd.args(["fs", "run", "--data-dir"]).arg(self.data_dir()).args(["--store-size", STORE_SIZE, "--fuse", "off", "--"]).arg(program);
+        // Lock files, and the copies of records the processes share, of this test's own (not
+        // the host's /tmp/kura-fs-locks and /dev/shm/kura-fs-copies).
+        cmd.env("KURA_FS_LOCK_DIR", self.path("locks"));
         cmd
     }
 }

@@ -381,9 +381,8 @@ impl State {
         // SAFETY: geteuid/getegid cannot fail and touch no memory.
         let owner = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
         // Copies of records shared with this host's other processes of the user (one table
-        // per user, file system and pool).
-        let copies = format!("{}/{}", crate::fds::copies_dir(), kura_fs::copies::shared_copies_file_name(crate::fds::fs_tag(), owner.uid));
-        let kv = Arc::new(PoolKv::new(pool)?.with_shared_copies(copies.into()));
+        // per user and pool).
+        let kv = Arc::new(PoolKv::new(pool)?.with_shared_copies(crate::fds::copies_dir().into()));
         Fs::open(kv, self.fs_config.clone(), owner)
     }
 }
