@@ -452,7 +452,8 @@ pub fn open_fs(urls: &[String], name: &str) -> anyhow::Result<Arc<kura_fs::Fs>> 
     let mut config = if urls.is_empty() { kura_pool::PoolConfig::default() } else { kura_pool::PoolConfig::from_urls(urls)? };
     config.engine.mode = Some(kura_engine::format::Mode::Store);
     let pool = kura_pool::Pool::open(config)?;
-    let kv = Arc::new(kura_fs::PoolKv::new(pool)?);
+    // Copies of records shared with the preloaded processes of this host (kura_fs::copies).
+    let kv = Arc::new(kura_fs::PoolKv::new(pool)?.with_shared_copies(kura_fs::copies::shared_copies_dir(std::env::var_os("KURA_FS_LOCK_DIR"))));
     // SAFETY: geteuid/getegid cannot fail.
     let owner = unsafe { kura_fs::Owner { uid: libc::geteuid(), gid: libc::getegid() } };
     let fs_config = kura_fs::FsConfig { name: name.to_owned(), ..kura_fs::FsConfig::default() };

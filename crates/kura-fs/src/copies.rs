@@ -37,6 +37,22 @@ pub fn shared_copies_file_name(stores: u64, uid: u32) -> String {
     format!("{stores:016x}.copies{SHARED_COPIES_FORMAT}.{uid}")
 }
 
+/// Where the tables are kept: in memory, where writing a page of a table costs no file
+/// system journal and no write-back to a disk.
+pub const SHARED_COPIES_DIR_DEFAULT: &str = "/dev/shm/kura-fs-copies";
+
+/// The directory of the tables: `lock_dir`, the preload's lock directory when one is set
+/// (`KURA_FS_LOCK_DIR`: tests, whose tables then go with it), else
+/// [`SHARED_COPIES_DIR_DEFAULT`] (or the temporary directory's `kura-fs-copies` without
+/// `/dev/shm`). The preload and `kura fs mount` use the same, so they share their copies.
+pub fn shared_copies_dir(lock_dir: Option<std::ffi::OsString>) -> std::path::PathBuf {
+    match lock_dir {
+        Some(dir) => dir.into(),
+        None if Path::new("/dev/shm").is_dir() => SHARED_COPIES_DIR_DEFAULT.into(),
+        None => std::env::temp_dir().join("kura-fs-copies"),
+    }
+}
+
 /// A table no process has opened for this long is removed by the next process of its user
 /// that opens one (its pages are memory, in `/dev/shm`).
 pub const SHARED_COPIES_IDLE_S: u64 = 24 * 3600;

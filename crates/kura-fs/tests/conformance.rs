@@ -220,6 +220,7 @@ impl Mount {
         std::fs::create_dir(&point).expect("mountpoint");
         let mut cmd = Command::new(kura());
         cmd.args(["fs", "mount"]).arg(&point).arg("--data-dir").arg(scratch.data_dir()).args(["--store-size", STORE_SIZE, "--allow-other"]).args(options);
+        cmd.env("KURA_FS_LOCK_DIR", scratch.path("locks"));
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
         let mut server = ChildGuard::spawn("kura fs mount", &mut cmd).expect("start kura fs mount");
         let deadline = Instant::now() + Duration::from_secs(MOUNT_TIMEOUT_S);

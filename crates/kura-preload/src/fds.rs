@@ -63,21 +63,6 @@ pub fn lock_dir() -> String {
     std::env::var("KURA_FS_LOCK_DIR").unwrap_or_else(|_| LOCK_DIR_DEFAULT.to_owned())
 }
 
-/// Where the copies of records shared by this host's processes are kept (see
-/// `kura_fs::copies`): in memory (`/dev/shm`, as `SHARED_COPIES_DIR_DEFAULT`), where writing
-/// a page of the table costs no file system journal and no write-back to a disk; with
-/// `KURA_FS_LOCK_DIR` set (tests), beside the lock files, which go with that directory.
-pub fn copies_dir() -> String {
-    match std::env::var("KURA_FS_LOCK_DIR") {
-        Ok(dir) => dir,
-        Err(_) if std::path::Path::new("/dev/shm").is_dir() => SHARED_COPIES_DIR_DEFAULT.to_owned(),
-        Err(_) => LOCK_DIR_DEFAULT.to_owned(),
-    }
-}
-
-/// The default of [`copies_dir`].
-pub const SHARED_COPIES_DIR_DEFAULT: &str = "/dev/shm/kura-fs-copies";
-
 /// This process's file system and pool, as [`crate::sock::fs_hash`] names them.
 pub fn fs_tag() -> u64 {
     let fs_name = std::env::var("KURA_FS_NAME").unwrap_or_else(|_| "default".into());

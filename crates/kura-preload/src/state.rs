@@ -382,7 +382,7 @@ impl State {
         let owner = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
         // Copies of records shared with this host's other processes of the user (one table
         // per user and pool).
-        let kv = Arc::new(PoolKv::new(pool)?.with_shared_copies(crate::fds::copies_dir().into()));
+        let kv = Arc::new(PoolKv::new(pool)?.with_shared_copies(kura_fs::copies::shared_copies_dir(std::env::var_os("KURA_FS_LOCK_DIR"))));
         Fs::open(kv, self.fs_config.clone(), owner)
     }
 }

@@ -114,7 +114,9 @@ impl Mount {
             .arg(&point)
             .arg("--data-dir")
             .arg(env.data_dir())
-            .args(["--store-size", "2G"]);
+            .args(["--store-size", "2G"])
+            // The copies of records it shares, with the test's own lock files.
+            .env("KURA_FS_LOCK_DIR", env.dir.path().join("locks"));
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
