@@ -241,6 +241,13 @@ enum Changes {
     Unavailable { retry_at_ms: u64 },
 }
 
+impl Changes {
+    /// The pool's change epoch: the sum of its servers' counters, while every one is trusted.
+    fn epoch_of(views: &[kura_engine::changes::ChangeView]) -> Option<u64> {
+        views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)))
+    }
+}
+
 /// Bytes of metadata records (keys and values) [`MetaCache`] keeps, at most; it starts over
 /// when full.
 pub const META_CACHE_BYTES_MAX: usize = 8 << 20;
@@ -275,6 +282,16 @@ impl MetaCacheInner {
     fn put(&mut self, key: &[u8], record: Versioned) {
         let charge = Self::charge(key, &record);
         self.records.insert(key.to_vec(), record, charge);
+    }
+
+    /// Networked pool: moves the copies forward to change epoch `epoch` (dropping them when it
+    /// is newer); whether they are now current at it (not when `epoch` is older than theirs).
+    fn at_epoch(&mut self, epoch: u64) -> bool {
+        if epoch > self.epoch {
+            self.records = BytesBounded::default();
+            self.epoch = epoch;
+        }
+        epoch == self.epoch
     }
 }
 
@@ -314,28 +331,17 @@ impl MetaCache {
     /// than the copies' finds nothing.
     fn get_many_at(&self, keys: &[Vec<u8>], epoch: u64) -> Vec<Option<Versioned>> {
         let mut inner = self.inner.lock();
-        if epoch > inner.epoch {
-            inner.records = BytesBounded::default();
-            inner.epoch = epoch;
-        }
-        if epoch != inner.epoch {
+        if !inner.at_epoch(epoch) {
             return vec![None; keys.len()];
         }
         keys.iter().map(|key| inner.records.get(key.as_slice()).cloned()).collect()
     }
 
-    /// Networked pool: keeps records read after the change epoch was `began`, if it is still
-    /// `now` (nothing changed while they were read, so they are current).
-    fn fill_at<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)>, began: u64, now: Option<u64>) {
-        if now != Some(began) {
-            return;
-        }
+    /// Networked pool: keeps records current at change epoch `epoch` (read while the pool's
+    /// count stood there: the caller checked it after the read, see [`PoolKv::keep_at`]).
+    fn fill_at<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)>, epoch: u64) {
         let mut inner = self.inner.lock();
-        if began > inner.epoch {
-            inner.records = BytesBounded::default();
-            inner.epoch = began;
-        }
-        if began == inner.epoch {
+        if inner.at_epoch(epoch) {
             for (key, record) in records {
                 inner.put(key, record.clone());
             }
@@ -366,9 +372,7 @@ impl MetaCache {
     /// Networked pool: drops every copy and the epoch they were current at (the pool's
     /// servers changed).
     fn restart(&self) {
-        let mut inner = self.inner.lock();
-        inner.records = BytesBounded::default();
-        inner.epoch = 0;
+        *self.inner.lock() = MetaCacheInner::default();
     }
 
     /// Forgets `keys` (written or deleted without their new state at hand).
@@ -455,7 +459,7 @@ impl PoolKv {
             let pool = self.pool_tag.load(Ordering::Relaxed);
             for (key, slot) in keys.iter().zip(held.iter_mut()).filter(|(_, h)| h.is_none()) {
                 if let Some(record) = shared.get(pool, epoch, key) {
-                    self.meta_cache.fill_at(std::iter::once((key.as_slice(), &record)), epoch, Some(epoch));
+                    self.meta_cache.fill_at(std::iter::once((key.as_slice(), &record)), epoch);
                     *slot = Some(record);
                 }
             }
@@ -469,7 +473,12 @@ impl PoolKv {
         if now != Some(epoch) {
             return;
         }
-        self.meta_cache.fill_at(records.clone(), epoch, now);
+        self.meta_cache.fill_at(records.clone(), epoch);
+        self.share(records, epoch);
+    }
+
+    /// Puts records current at `epoch` in the shared table, when there is one.
+    fn share<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)>, epoch: u64) {
         if let Some(shared) = self.shared() {
             let pool = self.pool_tag.load(Ordering::Relaxed);
             for (key, record) in records {
@@ -486,7 +495,7 @@ impl PoolKv {
         let mut state = changes.lock();
         let look = match &mut *state {
             Changes::Views(views) => {
-                let epoch = views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)));
+                let epoch = Changes::epoch_of(views);
                 if epoch.is_none() {
                     tracing::debug!("a server's change counter is no longer trusted (restarted, stopped or silent); not keeping copies of records");
                     *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
@@ -506,11 +515,11 @@ impl PoolKv {
         *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
         drop(state);
         let views = keeping_errno(|| self.look_for_changes())?;
-        let epoch = views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)))?;
-        let instances: Vec<u64> = views.iter().map(kura_engine::changes::ChangeView::instance_id).collect();
+        let epoch = Changes::epoch_of(&views)?;
+        let instances: Vec<u8> = views.iter().flat_map(|view| view.instance_id().to_le_bytes()).collect();
         let stores: Vec<u8> = views.iter().flat_map(|view| view.path().as_os_str().as_encoded_bytes().iter().copied().chain([0])).collect();
         self.stores_tag.store(xxhash_rust::xxh3::xxh3_64(&stores), Ordering::Relaxed);
-        self.pool_tag.store(xxhash_rust::xxh3::xxh3_64(&instances.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>()) | 1, Ordering::Relaxed);
+        self.pool_tag.store(xxhash_rust::xxh3::xxh3_64(&instances) | 1, Ordering::Relaxed);
         // Counts of other servers (a restarted pool, a store made again) say nothing of the
         // copies kept before: they go.
         self.meta_cache.restart();
@@ -616,14 +625,9 @@ impl PoolKv {
         if let Some(changes) = changed(&outcome) {
             let after = self.change_epoch(false);
             if self.meta_cache.advance(before, after, &changes)
-                && let (Some(shared), Some(after)) = (self.shared(), after)
+                && let Some(after) = after
             {
-                let pool = self.pool_tag.load(Ordering::Relaxed);
-                for (key, record) in &changes {
-                    if let Some(record) = record {
-                        shared.put(pool, after, key, record);
-                    }
-                }
+                self.share(changes.iter().filter_map(|(key, record)| Some((*key, record.as_ref()?))), after);
             }
         }
         Ok(outcome)
@@ -947,6 +951,15 @@ impl Kv for PoolKv {
     }
 }
 
+/// Takes a kura server's change counter file and instance from a `STAT` line's name and value.
+fn note_changes_stat((name, value): (&str, &str), path: &mut Option<String>, instance: &mut Option<u64>) {
+    match name {
+        "kura_changes_file" => *path = Some(value.to_owned()),
+        "kura_instance_id" => *instance = u64::from_str_radix(value, 16).ok(),
+        _ => {}
+    }
+}
+
 /// What a metadata connection to a kura server sends with its first request.
 const CHANGES_REQUEST: &[u8] = b"stats changes\r\n";
 
@@ -1149,15 +1162,13 @@ impl MetaConn {
         let (mut path, mut instance) = (None, None);
         for _ in 0..STATS_LINES_MAX {
             self.read_raw_line()?;
-            let line = self.line.trim_end();
-            if let Some(value) = line.strip_prefix("STAT kura_changes_file ") {
-                path = Some(value.to_owned());
-            } else if let Some(value) = line.strip_prefix("STAT kura_instance_id ") {
-                instance = u64::from_str_radix(value, 16).ok();
-            } else if !line.starts_with("STAT ") {
-                // END, or ERROR.
-                self.changes = path.zip(instance);
-                return Ok(());
+            match self.line.trim_end().strip_prefix("STAT ") {
+                Some(stat) => note_changes_stat(stat.split_once(' ').unwrap_or((stat, "")), &mut path, &mut instance),
+                None => {
+                    // END, or ERROR.
+                    self.changes = path.zip(instance);
+                    return Ok(());
+                }
             }
         }
         Err(FsError::Io(format!("{}: stats changes longer than {STATS_LINES_MAX} lines", self.node)))
@@ -1215,11 +1226,7 @@ impl MetaConn {
             return Ok(Some(changes.clone()));
         }
         let (mut path, mut instance) = (None, None);
-        self.stats(|name, value| match name {
-            "kura_changes_file" => path = Some(value.to_owned()),
-            "kura_instance_id" => instance = u64::from_str_radix(value, 16).ok(),
-            _ => {}
-        })?;
+        self.stats(|name, value| note_changes_stat((name, value), &mut path, &mut instance))?;
         Ok(path.zip(instance))
     }
 
@@ -1437,7 +1444,10 @@ mod tests {
                                 if race == 2 {
                                     server.write(key, Some(2));
                                 }
-                                cache.fill_at([(&[key][..], &fetched)].into_iter(), began, Some(server.changes));
+                                // PoolKv::keep_at: kept only when the count still stands where it began.
+                                if server.changes == began {
+                                    cache.fill_at([(&[key][..], &fetched)].into_iter(), began);
+                                }
                                 fetched
                             }
                         };

@@ -373,21 +373,14 @@ impl StatsSources {
             ),
             ("kura_protocol_errors", U64(counter("protocol_errors"))),
             ("kura_server_errors", U64(counter("server_errors"))),
-            // Text, not a number: an identity, not a metric.
-            (
-                "kura_instance_id",
-                Text(format!("{:016x}", self.info.instance_id)),
-            ),
         ]);
-        if let Some(changes) = self.store.changes() {
-            // Where clients on this host read the change counter (kura_engine::changes).
-            out.push(("kura_changes_file", Text(changes.path().display().to_string())));
-        }
+        out.extend(self.changes());
         out
     }
 
-    /// `stats changes` (kura's): `kura_instance_id`, and `kura_changes_file` when the store
-    /// publishes its change counter.
+    /// `stats changes` (kura's, and the end of `stats`): `kura_instance_id` (text, not a
+    /// number: an identity, not a metric), and `kura_changes_file`, where clients on this host
+    /// read the change counter (kura_engine::changes), when the store publishes it.
     pub fn changes(&self) -> Vec<(&'static str, StatValue)> {
         let mut out = vec![("kura_instance_id", StatValue::Text(format!("{:016x}", self.info.instance_id)))];
         if let Some(changes) = self.store.changes() {
