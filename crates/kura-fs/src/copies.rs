@@ -4,11 +4,11 @@
 //! instead of asking the pool.
 //!
 //! Each copy is tagged with the pool it was read from ([`crate::kv`]'s servers' instance
-//! ids, hashed) and the pool's change epoch it is current at (the sum of the servers' change
-//! counters when it was read, which had not moved by the time it was kept): a reader takes a
-//! copy only when both equal its own view of the pool now, so a copy is exactly what the
-//! server would answer, as a process's own copies are (see `kv::Changes`). A stale copy is
-//! never taken; it is only overwritten.
+//! ids, hashed) and the change counter of its key's server it is current at: a reader takes
+//! a copy only of its own pool, and only when that server's change log names no change to
+//! the key since that count (see `kv::Changes`), so a copy taken is exactly what the server
+//! would answer, as a process's own copies are. A stale copy is never taken; it is only
+//! overwritten.
 //!
 //! The table is [`SHARED_COPIES_SLOTS`] slots of [`SLOT_WORDS`] 64-bit words, written and
 //! read only through atomics. A slot is a sequence lock (an odd count while a writer fills
@@ -29,7 +29,7 @@ use crate::kv::Versioned;
 
 /// The table's layout, in its file's name (see [`shared_copies_file_name`]): a change of
 /// layout makes a new file instead of reading an old one wrongly.
-pub const SHARED_COPIES_FORMAT: u32 = 1;
+pub const SHARED_COPIES_FORMAT: u32 = 2;
 
 /// The table's file name, for the pool `stores` (a hash of its servers' stores: the same
 /// table whatever port or start of them a process reaches) and user `uid`.
@@ -66,7 +66,8 @@ const SLOT_WORDS: usize = 64;
 const SLOT_WAYS: usize = 4;
 const WORD_SEQ: usize = 0;
 const WORD_POOL: usize = 1;
-const WORD_EPOCH: usize = 2;
+/// The change counter of the key's server the copy is current at.
+const WORD_AT: usize = 2;
 const WORD_HASH: usize = 3;
 /// Key length (bits 0..16), value length (16..48), whether there is a record (bit 63).
 const WORD_LENS: usize = 4;
@@ -185,17 +186,19 @@ impl SharedCopies {
         start..(start + SLOT_WAYS).min(self.slots)
     }
 
-    /// The copy of `key` current at `epoch` of `pool`, if the table holds one.
-    pub fn get(&self, pool: u64, epoch: u64, key: &[u8]) -> Option<Versioned> {
+    /// The copy of `key` from `pool`, if the table holds one, and the change counter of its
+    /// server it is current at.
+    pub fn get(&self, pool: u64, key: &[u8]) -> Option<(u64, Versioned)> {
         let hash = Self::hash(key);
-        self.candidates(hash).find_map(|at| Self::read(self.slot(at), pool, epoch, hash, key))
+        self.candidates(hash).find_map(|at| Self::read(self.slot(at), pool, hash, key))
     }
 
-    fn read(slot: &[AtomicU64], pool: u64, epoch: u64, hash: u64, key: &[u8]) -> Option<Versioned> {
+    fn read(slot: &[AtomicU64], pool: u64, hash: u64, key: &[u8]) -> Option<(u64, Versioned)> {
         let seq = slot[WORD_SEQ].load(Ordering::Acquire);
-        if seq % 2 == 1 || slot[WORD_HASH].load(Ordering::Relaxed) != hash || slot[WORD_POOL].load(Ordering::Relaxed) != pool || slot[WORD_EPOCH].load(Ordering::Relaxed) != epoch {
+        if seq % 2 == 1 || slot[WORD_HASH].load(Ordering::Relaxed) != hash || slot[WORD_POOL].load(Ordering::Relaxed) != pool {
             return None;
         }
+        let current_at = slot[WORD_AT].load(Ordering::Relaxed);
         let lens = slot[WORD_LENS].load(Ordering::Relaxed);
         let version = slot[WORD_VERSION].load(Ordering::Relaxed);
         let (key_len, value_len) = ((lens & 0xffff) as usize, ((lens >> 16) & 0xffff_ffff) as usize);
@@ -211,27 +214,33 @@ impl SharedCopies {
             return None;
         }
         if lens & PRESENT == 0 {
-            return Some(None);
+            return Some((current_at, None));
         }
         payload.truncate(key_len + value_len);
         payload.drain(..key_len);
-        Some(Some((payload, version)))
+        Some((current_at, Some((payload, version))))
     }
 
-    /// Keeps `record` as `key`'s copy current at `epoch` of `pool` (unless it is too large, or
-    /// both slots are being written).
-    pub fn put(&self, pool: u64, epoch: u64, key: &[u8], record: &Versioned) {
+    /// Keeps `record` as `key`'s copy from `pool`, current at its server's change counter
+    /// `current_at` (unless it is too large, the table holds a copy of the key current at a
+    /// later count, or the slot is being written).
+    pub fn put(&self, pool: u64, current_at: u64, key: &[u8], record: &Versioned) {
         let value: &[u8] = record.as_ref().map_or(&[], |(value, _)| value);
         if key.len() > 0xffff || key.len() + value.len() > SLOT_PAYLOAD_BYTES_MAX {
             return;
         }
         let hash = Self::hash(key);
         let candidates = self.candidates(hash);
-        // The slot that holds this key already, else one that holds nothing current, else
-        // one picked by the key's hash.
-        let holds = |at: &usize| self.slot(*at)[WORD_HASH].load(Ordering::Relaxed) == hash;
-        let current = |at: &usize| self.slot(*at)[WORD_POOL].load(Ordering::Relaxed) == pool && self.slot(*at)[WORD_EPOCH].load(Ordering::Relaxed) == epoch;
-        let Some(at) = candidates.clone().find(holds).or_else(|| candidates.clone().find(|at| !current(at))).or_else(|| candidates.clone().nth((hash >> 32) as usize % candidates.len())) else {
+        // The slot that holds this key already, else one of another pool, else the one whose
+        // copy is of the oldest count.
+        let word = |at: usize, word: usize| self.slot(at)[word].load(Ordering::Relaxed);
+        let holds = |at: &usize| word(*at, WORD_HASH) == hash && word(*at, WORD_POOL) == pool;
+        let Some(at) = candidates
+            .clone()
+            .find(holds)
+            .or_else(|| candidates.clone().find(|at| word(*at, WORD_POOL) != pool))
+            .or_else(|| candidates.clone().min_by_key(|at| word(*at, WORD_AT)))
+        else {
             return;
         };
         let slot = self.slot(at);
@@ -240,6 +249,11 @@ impl SharedCopies {
             return;
         }
         fence(Ordering::Release);
+        if slot[WORD_HASH].load(Ordering::Relaxed) == hash && slot[WORD_POOL].load(Ordering::Relaxed) == pool && slot[WORD_AT].load(Ordering::Relaxed) > current_at {
+            // A newer copy of the key (or of one of its hash): left as it is.
+            slot[WORD_SEQ].store(seq, Ordering::Release);
+            return;
+        }
         let mut payload = Vec::with_capacity((key.len() + value.len()).next_multiple_of(8));
         payload.extend_from_slice(key);
         payload.extend_from_slice(value);
@@ -252,7 +266,7 @@ impl SharedCopies {
         slot[WORD_VERSION].store(record.as_ref().map_or(0, |(_, version)| *version), Ordering::Relaxed);
         slot[WORD_HASH].store(hash, Ordering::Relaxed);
         slot[WORD_POOL].store(pool, Ordering::Relaxed);
-        slot[WORD_EPOCH].store(epoch, Ordering::Relaxed);
+        slot[WORD_AT].store(current_at, Ordering::Relaxed);
         slot[WORD_SEQ].store(seq + 2, Ordering::Release);
     }
 }
@@ -262,7 +276,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_copy_is_taken_only_at_its_pool_and_epoch() {
+    fn a_copy_is_taken_only_from_its_pool_and_the_newest_stays() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("copies");
         let writer = SharedCopies::open(&path, 64).unwrap();
@@ -270,16 +284,16 @@ mod tests {
         let record = Some((b"inode".to_vec(), 42));
         writer.put(7, 100, b"k", &record);
         writer.put(7, 100, b"gone", &None);
-        assert_eq!(reader.get(7, 100, b"k"), Some(record.clone()));
-        assert_eq!(reader.get(7, 100, b"gone"), Some(None));
-        assert_eq!(reader.get(7, 101, b"k"), None, "another epoch");
-        assert_eq!(reader.get(8, 100, b"k"), None, "another pool");
-        assert_eq!(reader.get(7, 100, b"kk"), None, "another key");
+        assert_eq!(reader.get(7, b"k"), Some((100, record.clone())));
+        assert_eq!(reader.get(7, b"gone"), Some((100, None)));
+        assert_eq!(reader.get(8, b"k"), None, "another pool");
+        assert_eq!(reader.get(7, b"kk"), None, "another key");
         writer.put(7, 101, b"k", &Some((b"new".to_vec(), 43)));
-        assert_eq!(reader.get(7, 100, b"k"), None);
-        assert_eq!(reader.get(7, 101, b"k"), Some(Some((b"new".to_vec(), 43))));
+        assert_eq!(reader.get(7, b"k"), Some((101, Some((b"new".to_vec(), 43)))));
+        writer.put(7, 99, b"k", &record);
+        assert_eq!(reader.get(7, b"k"), Some((101, Some((b"new".to_vec(), 43)))), "an older copy does not replace a newer");
         writer.put(7, 101, b"big", &Some((vec![1; SLOT_PAYLOAD_BYTES_MAX], 1)));
-        assert_eq!(reader.get(7, 101, b"big"), None, "too large to share");
+        assert_eq!(reader.get(7, b"big"), None, "too large to share");
     }
 
     /// A tree's worth of records (a git checkout's: 8,000 inodes and buckets) fits: at most
@@ -292,7 +306,7 @@ mod tests {
         for i in 0..8000u64 {
             table.put(5, 9, &key(i), &Some((vec![1; 79], i)));
         }
-        let missing = (0..8000u64).filter(|&i| table.get(5, 9, &key(i)).is_none()).count();
+        let missing = (0..8000u64).filter(|&i| table.get(5, &key(i)).is_none()).count();
         assert!(missing <= 80, "{missing} of 8,000 pushed out");
     }
 
@@ -337,9 +351,9 @@ mod tests {
         table.put(1, 1, b"k", &Some((b"v".to_vec(), 1)));
         let at = table.candidates(SharedCopies::hash(b"k")).find(|&at| table.slot(at)[WORD_HASH].load(Ordering::Relaxed) == SharedCopies::hash(b"k")).unwrap();
         table.slot(at)[WORD_SEQ].fetch_add(1, Ordering::Relaxed);
-        assert_eq!(table.get(1, 1, b"k"), None);
+        assert_eq!(table.get(1, b"k"), None);
         table.put(1, 1, b"k", &Some((b"w".to_vec(), 2)));
-        assert_eq!(table.get(1, 1, b"k"), None, "a writer leaves a slot being written alone");
+        assert_eq!(table.get(1, b"k"), None, "a writer leaves a slot being written alone");
     }
 
     #[test]
@@ -359,13 +373,13 @@ mod tests {
             });
             let mut seen = 0;
             while !done.load(Ordering::Relaxed) {
-                if let Some(Some((value, version))) = reader.get(1, 1, b"k") {
+                if let Some((1, Some((value, version)))) = reader.get(1, b"k") {
                     let byte = (version % 251) as u8;
                     assert!(value.len() == 400 && value.iter().all(|&b| b == byte), "a torn copy of version {version}");
                     seen += 1;
                 }
             }
-            assert!(seen > 0 || reader.get(1, 1, b"k").is_some());
+            assert!(seen > 0 || reader.get(1, b"k").is_some());
         });
     }
 }

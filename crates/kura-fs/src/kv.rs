@@ -212,6 +212,8 @@ pub struct PoolKv {
     pool_tag: AtomicU64,
     /// The pool's stores, which name the shared table: a hash of their change files' paths.
     stores_tag: AtomicU64,
+    /// Each node's log as read for the shared table's copies.
+    change_index: crate::sync::Mutex<Vec<ChangeIndex>>,
 }
 
 /// Metadata reads on a networked pool before the file system looks for its servers' change
@@ -225,26 +227,106 @@ pub const CHANGES_RETRY_MS: u64 = 10_000;
 
 /// Whether copies of metadata records read from a pool of kura servers may be trusted.
 ///
-/// Each kura server on this host publishes a counter of the changes to its store
-/// ([`kura_engine::changes`]), bumped after each change is visible and before it is
-/// acknowledged. While the sum of the pool's counters stands where it stood when a record was
-/// read, nothing in the pool changed since, so the copy is what a read would return now: a
-/// `stat` is then answered without a round trip. Any change, by anyone (this process
-/// included), moves the counter and drops every copy. Nodes on other hosts publish no
-/// counter this process can map, and nothing is kept.
+/// Each kura server on this host publishes a counter of the changes to its store, and a log
+/// of the keys the latest changes were to ([`kura_engine::changes`]), counted after each
+/// change is visible and before it is acknowledged. A copy of a record read when its node's
+/// counter stood at `a` is what a read would return now, at `b`, when no change `a + 1 ..= b`
+/// was to its key: a `stat` is then answered without a round trip, and a change elsewhere in
+/// the pool (a program appending to a log, `git status` writing its index) leaves the other
+/// copies be. When the log cannot tell (more changes went by than it holds, or one was to
+/// everything) every copy goes. Nodes on other hosts publish no counter this process can
+/// map, and nothing is kept.
 enum Changes {
     /// Not looked for yet: the metadata reads so far.
     Unknown { reads: u32 },
-    /// Every node's counter, in the pool's node order.
-    Views(Vec<kura_engine::changes::ChangeView>),
+    /// Every node's counter and log, in the pool's node order.
+    Views(std::sync::Arc<Vec<kura_engine::changes::ChangeView>>),
     /// Not available (or no longer trusted); looked for again at this `monotonic_ms`.
     Unavailable { retry_at_ms: u64 },
 }
 
-impl Changes {
-    /// The pool's change epoch: the sum of its servers' counters, while every one is trusted.
-    fn epoch_of(views: &[kura_engine::changes::ChangeView]) -> Option<u64> {
-        views.iter().try_fold(0u64, |sum, view| view.counter().map(|c| sum.wrapping_add(c)))
+/// The pool's change counters and logs, as the copies read them: the servers' change files,
+/// or a model of them in tests.
+trait ChangeLog {
+    /// Every node's change counter now, in the pool's node order; `None` when one is not
+    /// trusted.
+    fn counters(&self) -> Option<Vec<u64>>;
+    /// Calls `each` with the key tag ([`kura_engine::changes::change_tag`]) of every change
+    /// of node `node` after its counter stood at `from` up to `to`; `false` when its log
+    /// cannot tell them all (see [`kura_engine::changes::ChangeView::changes_between`]).
+    fn changes_between(&self, node: usize, from: u64, to: u64, each: impl FnMut(u64)) -> bool;
+}
+
+impl ChangeLog for [kura_engine::changes::ChangeView] {
+    fn counters(&self) -> Option<Vec<u64>> {
+        self.iter().map(kura_engine::changes::ChangeView::counter).collect()
+    }
+
+    fn changes_between(&self, node: usize, from: u64, to: u64, each: impl FnMut(u64)) -> bool {
+        self[node].changes_between(from, to, each)
+    }
+}
+
+/// Changes a read (or a process's own write) may span and still be kept as a copy: what
+/// went by between the counters loaded before it and after it, scanned for its keys.
+const KEEP_CHANGES_MAX: u64 = 4096;
+
+/// One node's log as far as this process read it for the shared table's copies: the last
+/// change to each key tag among changes `lo + 1 ..= hi`. A shared copy kept when the node's
+/// counter stood at `a`, `lo <= a`, is current at `hi` when its tag has no change after `a`.
+/// Each entry of the log is read once per process, not once per copy taken (a new process
+/// takes hundreds of copies kept before the same few thousand changes); at most a log's
+/// worth ([`kura_engine::changes::CHANGES_LOG_ENTRIES`]) is indexed.
+#[derive(Debug, Default)]
+struct ChangeIndex {
+    lo: u64,
+    hi: u64,
+    last: HashMap<u64, u64>,
+}
+
+impl ChangeIndex {
+    /// Extends the index to changes `from + 1 ..= to` of node `node` (from where it is);
+    /// whether it now covers them.
+    fn cover(&mut self, log: &(impl ChangeLog + ?Sized), node: usize, from: u64, to: u64) -> bool {
+        if self.hi < to {
+            // Nothing indexed yet (a server's counter starts above 0), or more than a log's worth.
+            let start = if self.hi == 0 || to - self.lo > kura_engine::changes::CHANGES_LOG_ENTRIES { to } else { self.hi };
+            if start == to {
+                *self = Self { lo: to, hi: to, last: HashMap::new() };
+            } else {
+                let mut n = start;
+                let last = &mut self.last;
+                if !log.changes_between(node, start, to, |tag| {
+                    n += 1;
+                    last.insert(tag, n);
+                }) {
+                    *self = Self { lo: to, hi: to, last: HashMap::new() };
+                } else {
+                    self.hi = to;
+                }
+            }
+        }
+        if from < self.lo {
+            // Older changes: a tag seen later keeps its later change.
+            let mut n = from;
+            let mut older = HashMap::new();
+            if !log.changes_between(node, from, self.lo, |tag| {
+                n += 1;
+                older.insert(tag, n);
+            }) {
+                return false;
+            }
+            for (tag, n) in older {
+                self.last.entry(tag).or_insert(n);
+            }
+            self.lo = from;
+        }
+        from >= self.lo && to <= self.hi
+    }
+
+    /// Whether the key of tag `tag` changed after change `after` (within the index).
+    fn changed_after(&self, tag: u64, after: u64) -> bool {
+        self.last.get(&tag).is_some_and(|&n| n > after)
     }
 }
 
@@ -254,12 +336,17 @@ pub const META_CACHE_BYTES_MAX: usize = 8 << 20;
 /// Bytes charged per cached record besides its key and value.
 const META_CACHE_ENTRY_OVERHEAD_BYTES: usize = 64;
 
-/// The embedded engine's metadata records (inodes, directory buckets, and the absence of
-/// records looked up) as last read or written here. An embedded engine has one user, this
-/// process (a child may not use it, see `kura-preload`), so every change to a record passes
-/// through [`PoolKv`] and updates its copy: the copy is never stale, and a `stat` does not
-/// read the device. A read that raced with a write does not put what it read back (see
-/// [`MetaCache::fill`]).
+/// Metadata records (inodes, directory buckets, and the absence of records looked up) kept
+/// in RAM.
+///
+/// The embedded engine's, as last read or written here: an embedded engine has one user,
+/// this process (a child may not use it, see `kura-preload`), so every change to a record
+/// passes through [`PoolKv`] and updates its copy: the copy is never stale, and a `stat`
+/// does not read the device. A read that raced with a write does not put what it read back
+/// (see [`MetaCache::fill`]).
+///
+/// On a pool of kura servers, copies current at the nodes' change counters in `at`, brought
+/// forward by their change logs (see [`Changes`]).
 #[derive(Debug, Default)]
 struct MetaCache {
     inner: crate::sync::Mutex<MetaCacheInner>,
@@ -267,11 +354,14 @@ struct MetaCache {
 
 #[derive(Debug, Default)]
 struct MetaCacheInner {
-    records: BytesBounded<Vec<u8>, Versioned, META_CACHE_BYTES_MAX>,
+    /// By the key's change tag: the key and its record (a key that shares its tag with
+    /// another takes the other's place).
+    records: BytesBounded<u64, (Box<[u8]>, Versioned), META_CACHE_BYTES_MAX>,
     /// Changes made so far (see [`MetaCache::fill`]).
     writes: u64,
-    /// On a networked pool: the pool's change epoch the copies are current at.
-    epoch: u64,
+    /// On a networked pool: each node's change counter the copies are current at (empty
+    /// before the first look).
+    at: Vec<u64>,
 }
 
 impl MetaCacheInner {
@@ -279,25 +369,49 @@ impl MetaCacheInner {
         key.len() + record.as_ref().map_or(0, |(value, _)| value.len()) + META_CACHE_ENTRY_OVERHEAD_BYTES
     }
 
-    fn put(&mut self, key: &[u8], record: Versioned) {
-        let charge = Self::charge(key, &record);
-        self.records.insert(key.to_vec(), record, charge);
+    fn get(&self, key: &[u8]) -> Option<&Versioned> {
+        self.records.get(&kura_engine::changes::change_tag(key)).filter(|(held, _)| **held == *key).map(|(_, record)| record)
     }
 
-    /// Networked pool: moves the copies forward to change epoch `epoch` (dropping them when it
-    /// is newer); whether they are now current at it (not when `epoch` is older than theirs).
-    fn at_epoch(&mut self, epoch: u64) -> bool {
-        if epoch > self.epoch {
+    fn put(&mut self, key: &[u8], record: Versioned) {
+        let charge = Self::charge(key, &record);
+        self.records.insert(kura_engine::changes::change_tag(key), (key.into(), record), charge);
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        self.records.remove(&kura_engine::changes::change_tag(key));
+    }
+
+    /// Networked pool: brings the copies forward to the nodes' counters now, dropping those
+    /// whose keys changed meanwhile (all of them when a log cannot tell); `false` (and no
+    /// copies) when a counter is not trusted.
+    fn catch_up(&mut self, log: &(impl ChangeLog + ?Sized)) -> bool {
+        let Some(now) = log.counters() else {
+            *self = Self { writes: self.writes, ..Self::default() };
+            return false;
+        };
+        if self.at.len() != now.len() {
             self.records = BytesBounded::default();
-            self.epoch = epoch;
+        } else {
+            for (node, (&was, &is)) in self.at.iter().zip(&now).enumerate() {
+                if was != is {
+                    let records = &mut self.records;
+                    if !log.changes_between(node, was, is, |tag| {
+                        records.remove(&tag);
+                    }) {
+                        *records = BytesBounded::default();
+                    }
+                }
+            }
         }
-        epoch == self.epoch
+        self.at = now;
+        true
     }
 }
 
 impl MetaCache {
     fn get(&self, key: &[u8]) -> Option<Versioned> {
-        self.inner.lock().records.get(key).cloned()
+        self.inner.lock().get(key).cloned()
     }
 
     /// The change count before a read of the engine, for [`MetaCache::fill`].
@@ -320,56 +434,49 @@ impl MetaCache {
         inner.writes += 1;
         match record {
             Some(record) => inner.put(key, record),
-            None => {
-                inner.records.remove(key);
+            None => inner.remove(key),
+        }
+    }
+
+    /// Networked pool: the copies of `keys` current now (`None` for a key not held), and the
+    /// nodes' counters they are current at; `None` when a counter is not trusted.
+    fn get_many_now(&self, keys: &[Vec<u8>], log: &(impl ChangeLog + ?Sized)) -> Option<(Vec<Option<Versioned>>, Vec<u64>)> {
+        let mut inner = self.inner.lock();
+        if !inner.catch_up(log) {
+            return None;
+        }
+        Some((keys.iter().map(|key| inner.get(key).cloned()).collect(), inner.at.clone()))
+    }
+
+    /// Networked pool: keeps `records`, each `(key, record, own)`: the record as a read found
+    /// it, or as this process's own `own` changes to it left it, after the nodes' counters
+    /// stood at `from`. A record is kept when the logs name its key exactly `own` times since
+    /// `from`: no one else changed it since it was read, or since this process changed it.
+    /// Returns the counters the copies are now current at, and which records were kept.
+    fn keep(&self, log: &(impl ChangeLog + ?Sized), from: &[u64], records: &[(&[u8], &Versioned, u32)]) -> Option<(Vec<u64>, Vec<bool>)> {
+        let mut inner = self.inner.lock();
+        if !inner.catch_up(log) || inner.at.len() != from.len() {
+            return None;
+        }
+        // The keys changed since `from`, counted. Changes of other nodes can only name one of
+        // these keys by a tag shared with another key: a copy not kept for nothing.
+        let mut changed: HashMap<u64, u32> = HashMap::new();
+        for (node, (&was, &is)) in from.iter().zip(&inner.at).enumerate() {
+            if is != was && (is < was || is - was > KEEP_CHANGES_MAX || !log.changes_between(node, was, is, |tag| *changed.entry(tag).or_default() += 1)) {
+                return None;
             }
         }
-    }
-
-    /// Networked pool: the copies of `keys` current at change epoch `epoch` (`None` for a key
-    /// not held). Copies of an older epoch are dropped; a caller that read an older epoch
-    /// than the copies' finds nothing.
-    fn get_many_at(&self, keys: &[Vec<u8>], epoch: u64) -> Vec<Option<Versioned>> {
-        let mut inner = self.inner.lock();
-        if !inner.at_epoch(epoch) {
-            return vec![None; keys.len()];
-        }
-        keys.iter().map(|key| inner.records.get(key.as_slice()).cloned()).collect()
-    }
-
-    /// Networked pool: keeps records current at change epoch `epoch` (read while the pool's
-    /// count stood there: the caller checked it after the read, see [`PoolKv::keep_at`]).
-    fn fill_at<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)>, epoch: u64) {
-        let mut inner = self.inner.lock();
-        if inner.at_epoch(epoch) {
-            for (key, record) in records {
-                inner.put(key, record.clone());
+        let mut kept = vec![false; records.len()];
+        for ((key, record, own), kept) in records.iter().zip(kept.iter_mut()) {
+            if changed.get(&kura_engine::changes::change_tag(key)).copied().unwrap_or(0) == *own {
+                inner.put(key, (*record).clone());
+                *kept = true;
             }
         }
+        Some((inner.at.clone(), kept))
     }
 
-    /// Networked pool: this process's writes made `changes` (see [`PoolKv::writing`]) while the
-    /// change epoch went from `before` to `after`: when that is all that changed and the copies
-    /// are of `before`, they are kept, with `changes` applied, at `after`.
-    /// Whether it did.
-    fn advance(&self, before: u64, after: Option<u64>, changes: &[(&[u8], Option<Versioned>)]) -> bool {
-        let mut inner = self.inner.lock();
-        if inner.epoch != before || after != Some(before.wrapping_add(changes.len() as u64)) {
-            return false;
-        }
-        inner.epoch = before.wrapping_add(changes.len() as u64);
-        for (key, record) in changes {
-            match record {
-                Some(record) => inner.put(key, record.clone()),
-                None => {
-                    inner.records.remove(*key);
-                }
-            }
-        }
-        true
-    }
-
-    /// Networked pool: drops every copy and the epoch they were current at (the pool's
+    /// Networked pool: drops every copy and the counters they were current at (the pool's
     /// servers changed).
     fn restart(&self) {
         *self.inner.lock() = MetaCacheInner::default();
@@ -380,7 +487,7 @@ impl MetaCache {
         let mut inner = self.inner.lock();
         inner.writes += 1;
         for key in keys {
-            inner.records.remove(key);
+            inner.remove(key);
         }
     }
 }
@@ -422,6 +529,7 @@ impl PoolKv {
             shared_copies: std::sync::OnceLock::new(),
             pool_tag: AtomicU64::new(0),
             stores_tag: AtomicU64::new(0),
+            change_index: crate::sync::Mutex::default(),
         })
     }
 
@@ -449,58 +557,73 @@ impl PoolKv {
             .as_ref()
     }
 
-    /// The copies of `keys` current at `epoch`, this process's or, failing those, the shared
-    /// ones (`None` for a key of which there is none).
-    fn held_at(&self, keys: &[Vec<u8>], epoch: u64) -> Vec<Option<Versioned>> {
-        let mut held = self.meta_cache.get_many_at(keys, epoch);
-        if held.iter().any(Option::is_none)
-            && let Some(shared) = self.shared()
-        {
+    /// Takes, for the keys of `keys` not held (`None` in `held`), the shared table's copies
+    /// that are current at the nodes' counters `at` (as [`MetaCache::get_many_now`] gave
+    /// them): the table's copy of a key is current at its node's counter when it was kept,
+    /// and still is when the log names no change to the key since. Those taken are kept as
+    /// this process's own, and the table's brought forward.
+    fn take_shared(&self, log: &[kura_engine::changes::ChangeView], keys: &[Vec<u8>], held: &mut [Option<Versioned>], at: &[u64]) {
+        let Some(shared) = self.shared() else {
+            return;
+        };
+        let pool = self.pool_tag.load(Ordering::Relaxed);
+        let mut taken: Vec<(&[u8], Versioned)> = Vec::new();
+        let mut index = self.change_index.lock();
+        if index.len() != at.len() {
+            *index = at.iter().map(|_| ChangeIndex::default()).collect();
+        }
+        for (key, slot) in keys.iter().zip(held.iter_mut()).filter(|(_, h)| h.is_none()) {
+            let Some((kept_at, record)) = shared.get(pool, key) else {
+                continue;
+            };
+            let node = self.pool.node_index_of(key);
+            let Some(&now) = at.get(node) else {
+                continue;
+            };
+            let current = kept_at == now
+                || (kept_at < now && index[node].cover(log, node, kept_at, now) && !index[node].changed_after(kura_engine::changes::change_tag(key), kept_at));
+            if current {
+                *slot = Some(record.clone());
+                taken.push((key, record));
+            }
+        }
+        drop(index);
+        if !taken.is_empty() {
+            let records: Vec<(&[u8], &Versioned, u32)> = taken.iter().map(|(key, record)| (*key, record, 0)).collect();
+            self.keep(log, at, &records);
+        }
+    }
+
+    /// Keeps `records` (see [`MetaCache::keep`]) as this process's copies and, those kept,
+    /// in the shared table.
+    fn keep(&self, log: &[kura_engine::changes::ChangeView], from: &[u64], records: &[(&[u8], &Versioned, u32)]) {
+        let Some((at, kept)) = self.meta_cache.keep(log, from, records) else {
+            return;
+        };
+        if let Some(shared) = self.shared() {
             let pool = self.pool_tag.load(Ordering::Relaxed);
-            for (key, slot) in keys.iter().zip(held.iter_mut()).filter(|(_, h)| h.is_none()) {
-                if let Some(record) = shared.get(pool, epoch, key) {
-                    self.meta_cache.fill_at(std::iter::once((key.as_slice(), &record)), epoch);
-                    *slot = Some(record);
+            for ((key, record, _), _) in records.iter().zip(kept).filter(|(_, kept)| *kept) {
+                if let Some(&node_at) = at.get(self.pool.node_index_of(key)) {
+                    shared.put(pool, node_at, key, record);
                 }
             }
         }
-        held
     }
 
-    /// Keeps records read (or written) as the copies current at `epoch`, when that is still
-    /// the pool's epoch (`now`): this process's, and shared.
-    fn keep_at<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)> + Clone, epoch: u64, now: Option<u64>) {
-        if now != Some(epoch) {
-            return;
-        }
-        self.meta_cache.fill_at(records.clone(), epoch);
-        self.share(records, epoch);
-    }
-
-    /// Puts records current at `epoch` in the shared table, when there is one.
-    fn share<'a>(&self, records: impl Iterator<Item = (&'a [u8], &'a Versioned)>, epoch: u64) {
-        if let Some(shared) = self.shared() {
-            let pool = self.pool_tag.load(Ordering::Relaxed);
-            for (key, record) in records {
-                shared.put(pool, epoch, key, record);
-            }
-        }
-    }
-
-    /// The pool's change epoch (the sum of its servers' change counters) while copies of
-    /// metadata records may be trusted, `None` otherwise (see [`Changes`]). `discover`: count
-    /// this as a metadata read and look for the counters when it is time.
-    fn change_epoch(&self, discover: bool) -> Option<u64> {
+    /// The pool's change counters and logs while copies of metadata records may be trusted,
+    /// `None` otherwise (see [`Changes`]). `discover`: count this as a metadata read and look
+    /// for the counters when it is time.
+    fn change_log(&self, discover: bool) -> Option<std::sync::Arc<Vec<kura_engine::changes::ChangeView>>> {
         let changes = self.changes.as_ref()?;
         let mut state = changes.lock();
         let look = match &mut *state {
             Changes::Views(views) => {
-                let epoch = Changes::epoch_of(views);
-                if epoch.is_none() {
+                if views.counters().is_none() {
                     tracing::debug!("a server's change counter is no longer trusted (restarted, stopped or silent); not keeping copies of records");
                     *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
+                    return None;
                 }
-                return epoch;
+                return Some(std::sync::Arc::clone(views));
             }
             Changes::Unknown { reads } => {
                 *reads += u32::from(discover);
@@ -515,7 +638,7 @@ impl PoolKv {
         *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
         drop(state);
         let views = keeping_errno(|| self.look_for_changes())?;
-        let epoch = Changes::epoch_of(&views)?;
+        views.counters()?;
         let instances: Vec<u8> = views.iter().flat_map(|view| view.instance_id().to_le_bytes()).collect();
         let stores: Vec<u8> = views.iter().flat_map(|view| view.path().as_os_str().as_encoded_bytes().iter().copied().chain([0])).collect();
         self.stores_tag.store(xxhash_rust::xxh3::xxh3_64(&stores), Ordering::Relaxed);
@@ -523,8 +646,10 @@ impl PoolKv {
         // Counts of other servers (a restarted pool, a store made again) say nothing of the
         // copies kept before: they go.
         self.meta_cache.restart();
-        *changes.lock() = Changes::Views(views);
-        Some(epoch)
+        self.change_index.lock().clear();
+        let views = std::sync::Arc::new(views);
+        *changes.lock() = Changes::Views(std::sync::Arc::clone(&views));
+        Some(views)
     }
 
     /// Every node's change counter, mapped from the file its `stats` names (`None` when a node
@@ -549,18 +674,23 @@ impl PoolKv {
         Some(views)
     }
 
-    /// Networked pool: `keys`' records, from the copies current at the pool's change epoch
-    /// where there are, the others through `fetch` (given the missing keys, in order), then
-    /// kept.
+    /// Networked pool: `keys`' records, from the copies current now where there are, the
+    /// others through `fetch` (given the missing keys, in order), then kept.
     fn through_copies(&self, keys: &[Vec<u8>], fetch: impl FnOnce(&[Vec<u8>]) -> Result<Vec<Versioned>>) -> Result<Vec<Versioned>> {
-        let Some(epoch) = self.change_epoch(true) else {
+        let Some(log) = self.change_log(true) else {
             return fetch(keys);
         };
-        let mut held = self.held_at(keys, epoch);
+        let Some((mut held, from)) = self.meta_cache.get_many_now(keys, &log[..]) else {
+            return fetch(keys);
+        };
+        if held.iter().any(Option::is_none) {
+            self.take_shared(&log, keys, &mut held, &from);
+        }
         let missing: Vec<Vec<u8>> = keys.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(key, _)| key.clone()).collect();
         if !missing.is_empty() {
             let fetched = fetch(&missing)?;
-            self.keep_at(missing.iter().map(Vec::as_slice).zip(&fetched), epoch, self.change_epoch(false));
+            let records: Vec<(&[u8], &Versioned, u32)> = missing.iter().zip(&fetched).map(|(key, record)| (key.as_slice(), record, 0)).collect();
+            self.keep(&log, &from, &records);
             let mut fetched = fetched.into_iter();
             for slot in held.iter_mut().filter(|h| h.is_none()) {
                 *slot = Some(fetched.next().expect("one record per missing key"));
@@ -610,24 +740,24 @@ impl PoolKv {
         runs
     }
 
-    /// Networked pool: runs writes (`write`) and, when `changed` can tell from their outcome
-    /// each change they made — `(key, Some(record))`: the record now (`Some(None)`: deleted);
-    /// `(key, None)`: changed, record unknown — and the pool's change count moved by exactly
-    /// that many while they ran, keeps the copies, brought up to date, at the new count: no
-    /// one else changed anything meanwhile. Otherwise the copies are dropped at the next read,
-    /// as after anyone's change. (A process's own changes — opening a file records it as an
-    /// opener — would otherwise drop every copy it has.)
+    /// Networked pool: runs writes (`write`) and keeps as copies the records they left, as
+    /// `changed` tells them from their outcome — `(key, Some(record))`: the record now
+    /// (`Some(None)`: deleted); `(key, None)`: changed, record unknown (`None`: nothing is
+    /// known) — of the keys no one else changed meanwhile (see [`MetaCache::keep`]): a
+    /// process that writes a directory it lists keeps its copies of it.
     fn writing<'k, T>(&self, write: impl FnOnce() -> Result<T>, changed: impl FnOnce(&T) -> Option<Vec<(&'k [u8], Option<Versioned>)>>) -> Result<T> {
-        let Some(before) = self.change_epoch(false) else {
+        let Some((log, before)) = self.change_log(false).and_then(|log| {
+            let before = log.counters()?;
+            Some((log, before))
+        }) else {
             return write();
         };
         let outcome = write()?;
         if let Some(changes) = changed(&outcome) {
-            let after = self.change_epoch(false);
-            if self.meta_cache.advance(before, after, &changes)
-                && let Some(after) = after
-            {
-                self.share(changes.iter().filter_map(|(key, record)| Some((*key, record.as_ref()?))), after);
+            let own = |key: &[u8]| changes.iter().filter(|(k, _)| *k == key).count() as u32;
+            let records: Vec<(&[u8], &Versioned, u32)> = changes.iter().filter_map(|(key, record)| Some((*key, record.as_ref()?, own(key)))).collect();
+            if !records.is_empty() {
+                self.keep(&log, &before, &records);
             }
         }
         Ok(outcome)
@@ -1363,20 +1493,26 @@ fn cas_flag<'a>(mut words: impl Iterator<Item = &'a str>) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{META_CACHE_BYTES_MAX, MetaCache, PoolSpace, Versioned};
+    use super::{ChangeLog, META_CACHE_BYTES_MAX, MetaCache, PoolSpace, Versioned};
     use proptest::prelude::*;
     use std::collections::HashMap;
 
-    /// A server as the copies see it: records and the count of changes.
+    /// A server as the copies see it: records, the count of changes and the log of the keys
+    /// of the last [`MODEL_LOG_ENTRIES`].
     #[derive(Default)]
     struct ModelServer {
         records: HashMap<u8, (Vec<u8>, u64)>,
         changes: u64,
+        /// The tag of change `n` at `n - 1`.
+        log: Vec<u64>,
     }
+
+    const MODEL_LOG_ENTRIES: u64 = 8;
 
     impl ModelServer {
         fn write(&mut self, key: u8, value: Option<u8>) -> Versioned {
             self.changes += 1;
+            self.log.push(kura_engine::changes::change_tag(&[key]));
             match value {
                 Some(v) => {
                     self.records.insert(key, (vec![v], self.changes));
@@ -1387,14 +1523,46 @@ mod tests {
             }
             self.records.get(&key).cloned()
         }
+
+        fn flush_all(&mut self) {
+            self.changes += 1;
+            self.log.push(kura_engine::changes::CHANGE_TAG_ALL);
+            self.records.clear();
+        }
+    }
+
+    impl ChangeLog for ModelServer {
+        fn counters(&self) -> Option<Vec<u64>> {
+            Some(vec![self.changes])
+        }
+
+        fn changes_between(&self, node: usize, from: u64, to: u64, mut each: impl FnMut(u64)) -> bool {
+            assert_eq!(node, 0);
+            if to < from || to - from > MODEL_LOG_ENTRIES || to > self.changes {
+                return false;
+            }
+            for n in from + 1..=to {
+                let tag = self.log[n as usize - 1];
+                if tag == kura_engine::changes::CHANGE_TAG_ALL {
+                    return false;
+                }
+                each(tag);
+            }
+            true
+        }
     }
 
     #[derive(Debug, Clone)]
     enum Op {
         /// Another process changes a record.
         Other(u8, Option<u8>),
-        /// This process changes a record; `race`: another's change lands while it does.
-        Own(u8, Option<u8>, bool),
+        /// Another process changes records this process never reads: more than the log holds.
+        Flood,
+        /// `flush_all`: a change to everything.
+        FlushAll,
+        /// This process changes a record; `race` 1: another's change to another key lands
+        /// while it does, 2: to the same key before it, 3: to the same key after it.
+        Own(u8, Option<u8>, u8),
         /// This process reads a record; `race` 1: another's change lands before the fetch,
         /// 2: after it, before the read is kept.
         Read(u8, u8),
@@ -1402,20 +1570,23 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0u8..4, prop::option::of(any::<u8>())).prop_map(|(k, v)| Op::Other(k, v)),
-            (0u8..4, prop::option::of(any::<u8>()), any::<bool>()).prop_map(|(k, v, r)| Op::Own(k, v, r)),
-            (0u8..4, 0u8..3).prop_map(|(k, r)| Op::Read(k, r)),
-            (0u8..4).prop_map(|k| Op::Read(k, 0)),
+            4 => (0u8..4, prop::option::of(any::<u8>())).prop_map(|(k, v)| Op::Other(k, v)),
+            1 => Just(Op::Flood),
+            1 => Just(Op::FlushAll),
+            4 => (0u8..4, prop::option::of(any::<u8>()), 0u8..4).prop_map(|(k, v, r)| Op::Own(k, v, r)),
+            4 => (0u8..4, 0u8..3).prop_map(|(k, r)| Op::Read(k, r)),
+            8 => (0u8..4).prop_map(|k| Op::Read(k, 0)),
         ]
     }
 
     proptest! {
-        /// Against a model server: a read answered through the copies (a hit at the current
-        /// change count, or a fetch kept when the count stood still) returns what the server
-        /// holds, whatever this process and others wrote, and however their changes fell
-        /// between the loads of the count (PoolKv::through_copies and PoolKv::writing).
+        /// Against a model server: a read answered through the copies (one kept since the log
+        /// names no change to its key, or a fetch kept when the log names none while it ran)
+        /// returns what the server holds, whatever this process and others wrote, and however
+        /// their changes fell between the loads of the counter (PoolKv::through_copies and
+        /// PoolKv::writing).
         #[test]
-        fn copies_read_what_the_server_holds(ops in prop::collection::vec(op(), 1..120)) {
+        fn copies_read_what_the_server_holds(ops in prop::collection::vec(op(), 1..150)) {
             let cache = MetaCache::default();
             let mut server = ModelServer::default();
             for op in ops {
@@ -1423,18 +1594,32 @@ mod tests {
                     Op::Other(key, value) => {
                         server.write(key, value);
                     }
+                    Op::Flood => {
+                        for i in 0..=MODEL_LOG_ENTRIES {
+                            server.write(100 + i as u8, Some(0));
+                        }
+                    }
+                    Op::FlushAll => server.flush_all(),
                     Op::Own(key, value, race) => {
-                        let before = server.changes;
-                        if race {
-                            server.write(key.wrapping_add(1) % 4, Some(0));
+                        let before = server.counters().unwrap();
+                        match race {
+                            1 => {
+                                server.write(key.wrapping_add(1) % 4, Some(0));
+                            }
+                            2 => {
+                                server.write(key, Some(3));
+                            }
+                            _ => {}
                         }
                         let record = server.write(key, value);
-                        cache.advance(before, Some(server.changes), &[(&[key][..], Some(record))]);
+                        if race == 3 {
+                            server.write(key, Some(4));
+                        }
+                        cache.keep(&server, &before, &[(&[key][..], &record, 1)]);
                     }
                     Op::Read(key, race) => {
-                        let began = server.changes;
-                        let held = cache.get_many_at(&[vec![key]], began).pop().unwrap();
-                        let got = match held {
+                        let (mut held, from) = cache.get_many_now(&[vec![key]], &server).unwrap();
+                        let got = match held.pop().unwrap() {
                             Some(record) => record,
                             None => {
                                 if race == 1 {
@@ -1444,10 +1629,7 @@ mod tests {
                                 if race == 2 {
                                     server.write(key, Some(2));
                                 }
-                                // PoolKv::keep_at: kept only when the count still stands where it began.
-                                if server.changes == began {
-                                    cache.fill_at([(&[key][..], &fetched)].into_iter(), began);
-                                }
+                                cache.keep(&server, &from, &[(&[key][..], &fetched, 0)]);
                                 fetched
                             }
                         };
@@ -1458,6 +1640,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        /// Against the log read whole: the index of a node's log tells whether a key changed
+        /// after a count exactly, wherever the windows asked of it start and end.
+        #[test]
+        fn the_change_index_tells_what_changed_after_a_count(steps in prop::collection::vec((prop::option::of(0u8..6), 0u64..12), 1..80)) {
+            let mut server = ModelServer::default();
+            let mut index = super::ChangeIndex::default();
+            for (write, back) in steps {
+                if let Some(key) = write {
+                    server.write(key, Some(0));
+                }
+                let to = server.changes;
+                let from = to.saturating_sub(back);
+                if index.cover(&server, 0, from, to) {
+                    for key in 0u8..6 {
+                        let tag = kura_engine::changes::change_tag(&[key]);
+                        for after in from..=to {
+                            let changed = server.log[after as usize..to as usize].contains(&tag);
+                            prop_assert_eq!(index.changed_after(tag, after), changed, "key {} after {} (at {})", key, after, to);
+                        }
+                    }
+                } else {
+                    prop_assert!(back > MODEL_LOG_ENTRIES, "the log holds changes {}..={}", from + 1, to);
+                }
+            }
+        }
+    }
+
+    /// Copies stay while others change other keys, and go when their key changes.
+    #[test]
+    fn a_change_drops_only_the_copy_of_its_key() {
+        let cache = MetaCache::default();
+        let mut server = ModelServer::default();
+        server.write(1, Some(1));
+        server.write(2, Some(2));
+        for key in [1u8, 2] {
+            let (_, from) = cache.get_many_now(&[vec![key]], &server).unwrap();
+            let record = server.records.get(&key).cloned();
+            assert_eq!(cache.keep(&server, &from, &[(&[key][..], &record, 0)]).unwrap().1, vec![true]);
+        }
+        server.write(3, Some(3));
+        server.write(2, Some(5));
+        let (held, _) = cache.get_many_now(&[vec![1], vec![2]], &server).unwrap();
+        assert_eq!(held, vec![Some(Some((vec![1], 1))), None]);
+        server.flush_all();
+        let (held, _) = cache.get_many_now(&[vec![1]], &server).unwrap();
+        assert_eq!(held, vec![None], "a change to everything");
     }
 
     #[test]
@@ -1494,7 +1725,7 @@ mod tests {
             assert!(cache.inner.lock().records.bytes() <= META_CACHE_BYTES_MAX);
         }
         let inner = cache.inner.lock();
-        let counted: usize = inner.records.iter().map(|(k, r)| super::MetaCacheInner::charge(k, r)).sum();
+        let counted: usize = inner.records.iter().map(|(_, (k, r))| super::MetaCacheInner::charge(k, r)).sum();
         assert_eq!(counted, inner.records.bytes());
     }
 

@@ -149,7 +149,12 @@ impl Pool {
 
     /// The node `key` is placed on (for a Redis Cluster, the cluster).
     pub fn node_of(&self, key: &[u8]) -> &NodeSpec {
-        &self.shared.config.nodes[self.shared.ring.locate(key)]
+        &self.shared.config.nodes[self.node_index_of(key)]
+    }
+
+    /// The index in the configuration's nodes of the node `key` is placed on.
+    pub fn node_index_of(&self, key: &[u8]) -> usize {
+        self.shared.ring.locate(key)
     }
 
     /// A new context for the calling thread: its own connections to every node (opened now;

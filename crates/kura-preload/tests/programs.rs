@@ -1908,6 +1908,40 @@ fn repeated_stats_send_the_pool_nothing_while_nothing_changes() {
     assert!(alone <= 3, "a process walking a path others walked sent {alone} requests");
 }
 
+/// Copies are dropped key by key: another process appending to a log and making and removing
+/// files in another directory leaves a watcher's copies of the files it stats in place (the
+/// server's change log names the keys each change was to, `kura_engine::changes`), and the
+/// watcher sees the log's new size at once. A new process stating those files afterwards
+/// finds them in the host's shared table, brought forward by the same log. Counted by the
+/// kura server's statistics: before the log, the watcher asked the pool again for all 20
+/// files and every directory on their paths.
+#[test]
+fn copies_stay_while_another_process_changes_other_files() {
+    let env = Env::new();
+    let (_server, port) = small_kura_server(&env);
+    let run = |script: &str| python_on(&env, port, script);
+    run("import os; os.makedirs('/kura/d'); os.makedirs('/kura/other'); open('/kura/log', 'w')\nfor i in range(20): open(f'/kura/d/f{i}', 'w').write('x')");
+    let stat_all = "names = [f'/kura/d/f{i}' for i in range(20)]\nfor _ in range(50):\n    for n in names: assert os.stat(n).st_size == 1\n";
+    let watcher = format!("import os, sys\n{stat_all}print('ready', flush=True)\nsys.stdin.readline()\n{stat_all}print(os.stat('/kura/log').st_size, flush=True)\nsys.stdin.readline()");
+    let mut child = env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", &watcher]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    run("import os\nf = open('/kura/log', 'a')\nfor i in range(100):\n    f.write('x'); f.flush()\n    open(f'/kura/other/t{i}', 'w').close(); os.unlink(f'/kura/other/t{i}')");
+    let before = server_requests(port);
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "100", "the watcher sees the log's new size");
+    let watcher_requests = server_requests(port) - before;
+    writeln!(child.stdin.as_mut().unwrap(), "done").unwrap();
+    check(&child.wait_with_output().unwrap(), &["watcher"]);
+    println!("the watcher's 1,000 stats and the log's stat after the writer: {watcher_requests} requests");
+    assert!(watcher_requests <= 3, "the watcher asked the pool {watcher_requests} times after others changed other files");
+    let before = server_requests(port);
+    run(&format!("import os\n{stat_all}"));
+    let fresh_requests = server_requests(port) - before;
+    println!("a new process stating the 20 files: {fresh_requests} requests");
+    assert!(fresh_requests <= 3, "a new process asked the pool {fresh_requests} times for files others had read");
+}
+
 /// A process keeping copies of records (see the test above) whose server is killed with
 /// `kill -9` and started again on the same store reads afresh: the new server bumps the change
 /// count in the same file before it serves, so the copies go, and the change another process

@@ -404,10 +404,10 @@ impl Store {
         self.changes.get()
     }
 
-    /// A change is visible to readers (RAM cache included) and not yet acknowledged.
-    fn changed(&self) {
+    /// A change to `key` is visible to readers (RAM cache included) and not yet acknowledged.
+    fn changed(&self, key: &[u8]) {
         if let Some(changes) = self.changes.get() {
-            changes.bump();
+            changes.bump(key);
         }
     }
 
@@ -605,7 +605,7 @@ impl Store {
             Some(cached),
             cache_insert && self.cache.limit_bytes() > 0,
         );
-        self.changed();
+        self.changed(key);
         Ok((version, view))
     }
 
@@ -733,7 +733,7 @@ impl Store {
                     .write(key, &[], RecordKind::Tombstone, Condition::Always)?;
                 self.writes.fetch_add(1, Ordering::AcqRel);
                 self.cache.update(key, None, false);
-                self.changed();
+                self.changed(key);
             }
             DeleteMode::MarkStale { exptime_s } => {
                 let old_meta = *old.meta();
@@ -770,7 +770,7 @@ impl Store {
             kura_engine::WriteOutcome::Written { .. } => {
                 self.writes.fetch_add(1, Ordering::AcqRel);
                 self.cache.update(key, None, false);
-                self.changed();
+                self.changed(key);
                 Ok(true)
             }
             kura_engine::WriteOutcome::ConditionFailed { .. } => Ok(false),
@@ -977,7 +977,9 @@ impl Store {
         // A delayed flush takes effect later without a change of its own: clients' copies
         // of records may outlive it until the next change (kura's file system writes no
         // expiring or flushed keys).
-        self.changed();
+        if let Some(changes) = self.changes.get() {
+            changes.bump_all();
+        }
         Ok(())
     }
 

@@ -482,3 +482,51 @@ fn the_instance_id_changes_with_a_restart_only() {
     assert_ne!(second, first);
     assert_eq!(second.len(), 16, "{second:?}");
 }
+
+/// The change log clients on this host map (`stats` names it, `kura_changes_file`; see
+/// `kura_engine::changes`): every change counted with the key it was to, `flush_all` as a
+/// change to everything, a read as nothing; a restart (after `kill -9` too) as a change to
+/// everything in the same file, under a new instance.
+#[test]
+fn the_change_log_names_each_changed_key() {
+    use kura_engine::changes::{ChangeView, change_tag};
+    let mut kura = Kura::start(&[]);
+    let view_of = |c: &mut Client| {
+        let stats = c.stats();
+        let instance = u64::from_str_radix(&stats["kura_instance_id"], 16).unwrap();
+        let path = std::path::PathBuf::from(&stats["kura_changes_file"]);
+        (ChangeView::open(&path, instance).unwrap(), path)
+    };
+    let mut c = kura.client();
+    let (view, path) = view_of(&mut c);
+    let tags = |from: u64, to: u64| {
+        let mut seen = Vec::new();
+        view.changes_between(from, to, |tag| seen.push(tag)).then_some(seen)
+    };
+    let start = view.counter().unwrap();
+    c.set("a", b"1");
+    c.set("b", b"2");
+    assert_eq!(c.get("a").as_deref(), Some(&b"1"[..]));
+    c.expect("delete a\r\n", "DELETED\r\n");
+    c.expect("delete a\r\n", "NOT_FOUND\r\n");
+    c.expect("incr n 1\r\n", "NOT_FOUND\r\n");
+    c.expect("ms b 1 MA\r\n3\r\n", "HD\r\n");
+    c.expect("touch b 100\r\n", "TOUCHED\r\n");
+    let now = view.counter().unwrap();
+    assert_eq!(tags(start, now), Some(vec![change_tag(b"a"), change_tag(b"b"), change_tag(b"a"), change_tag(b"b"), change_tag(b"b")]));
+    c.expect("flush_all\r\n", "OK\r\n");
+    let flushed = view.counter().unwrap();
+    assert_eq!(flushed, now + 1);
+    assert_eq!(tags(now, flushed), None, "a flush changes everything");
+    c.set("c", b"3");
+    assert_eq!(tags(flushed, flushed + 1), Some(vec![change_tag(b"c")]));
+    drop(c);
+    kura.kill();
+    kura.restart();
+    assert_eq!(view.counter(), None, "the killed server's view is done");
+    let (next, next_path) = view_of(&mut kura.client());
+    assert_eq!(next_path, path, "the same file");
+    let restarted = next.counter().unwrap();
+    assert!(restarted > flushed + 1);
+    assert!(!next.changes_between(flushed + 1, restarted, |_| {}), "a restart changes everything");
+}
