@@ -251,7 +251,10 @@ pub struct Inode {
     pub atime_ns: i64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
-    /// Directories: the parent directory (for `..`); others: 0.
+    /// Directories: the parent directory (for `..`). A regular file made without a name by
+    /// `open` with `O_TMPFILE` and without `O_EXCL`: the directory it was made in, until a
+    /// link gives it a name (Linux's `I_LINKABLE`: such a file may be linked with no link
+    /// left, see [`Inode::linkable_unnamed`]). Others: 0.
     pub parent: u64,
     /// Bumped whenever a process changes the file's data in the pool, so other processes know
     /// their cached pages are stale (close-to-open consistency).
@@ -296,6 +299,12 @@ impl Inode {
             xattrs: Vec::new(),
             holes: Vec::new(),
         }
+    }
+
+    /// Whether a link may give this file a name although it has none: it was made by `open`
+    /// with `O_TMPFILE` without `O_EXCL` and never linked since (see [`Inode::parent`]).
+    pub fn linkable_unnamed(&self) -> bool {
+        self.nlink == 0 && file_type(self.mode) == libc::S_IFREG && self.parent != 0
     }
 
     /// `st_size`: a directory shows one chunk, as ext4 shows a directory of a few entries one
@@ -647,6 +656,23 @@ mod tests {
             changed[at] ^= flip.1;
             let _ = Inode::decode(b"k", &changed);
         }
+    }
+
+    #[test]
+    fn only_unnamed_o_tmpfile_files_are_linkable() {
+        let mut file = Inode::new(5, libc::S_IFREG | 0o600, 0, 0, 1);
+        assert!(!file.linkable_unnamed(), "a file with a name");
+        file.nlink = 0;
+        assert!(!file.linkable_unnamed(), "a file unlinked while open");
+        file.parent = ROOT_INO;
+        assert!(file.linkable_unnamed(), "an O_TMPFILE file made without O_EXCL");
+        assert_eq!(Inode::decode(b"k", &file.encode()).unwrap(), file, "kept in the record");
+        file.nlink = 1;
+        assert!(!file.linkable_unnamed(), "named already");
+        let mut dir = Inode::new(6, libc::S_IFDIR | 0o755, 0, 0, 1);
+        dir.nlink = 0;
+        dir.parent = ROOT_INO;
+        assert!(!dir.linkable_unnamed(), "a removed directory");
     }
 
     #[test]

@@ -671,22 +671,29 @@ impl Fs {
         link_target(self.load_inode(ino)?.0)
     }
 
-    /// A hard link `dir/name` to `ino`.
+    /// A hard link `dir/name` to `ino`. A file with no name left is `NotFound`, unless it is
+    /// an unnamed file made by [`Fs::create_unnamed`] to be linked ([`Inode::linkable_unnamed`]),
+    /// which this gives its first name: it leaves the orphan list. Any link ends that
+    /// linkability, as Linux clears `I_LINKABLE` (a name removed again leaves the file gone).
     pub fn link(&self, ino: u64, dir: u64, name: &[u8]) -> Result<Inode> {
         check_name(name)?;
         self.dir_inode(dir)?;
         let now = now_ns();
+        // The directory an unnamed file was made in, when this link names it.
+        let mut unnamed_in = 0;
         let inode = self.update_inode(ino, |i| {
             if is_dir(i.mode) {
                 return Err(FsError::Perm);
             }
-            if i.nlink == 0 {
+            if i.nlink == 0 && !i.linkable_unnamed() {
                 return Err(FsError::NotFound);
             }
             if i.nlink >= NLINK_MAX {
                 return Err(FsError::TooManyLinks);
             }
+            unnamed_in = if i.nlink == 0 { i.parent } else { 0 };
             i.nlink += 1;
+            i.parent = 0;
             i.ctime_ns = now;
             Ok(())
         })?;
@@ -704,6 +711,10 @@ impl Fs {
             true,
         );
         match added {
+            Err(e) if unnamed_in != 0 => {
+                self.unname_again(ino, unnamed_in)?;
+                return Err(e);
+            }
             Err(e) => {
                 self.drop_link(ino)?;
                 return Err(e);
@@ -711,8 +722,55 @@ impl Fs {
             Ok(((), false)) => self.touch_dir(dir, 0)?,
             Ok(((), true)) => {}
         }
+        if unnamed_in != 0 {
+            self.remove_orphan(ino)?;
+        }
         let mut inode = inode;
         self.overlay_local(&mut inode);
+        Ok(inode)
+    }
+
+    /// Undoes the count of a first link of an unnamed file whose name could not be added: no
+    /// link again and linkable, still an orphan (not [`Fs::drop_link`], which would take it
+    /// for a file unlinked here and delete it at the close).
+    fn unname_again(&self, ino: u64, made_in: u64) -> Result<()> {
+        self.update_inode(ino, |i| {
+            i.nlink = i.nlink.saturating_sub(1);
+            if i.nlink == 0 {
+                i.parent = made_in;
+            }
+            Ok(())
+        })
+        .map(|_| ())
+    }
+
+    /// A regular file without a name in directory `dir` (`open` with `O_TMPFILE`), to be opened
+    /// by this process next ([`Fs::open_node_created`]): `nlink` 0, this process its only
+    /// opener, and on the orphan list from the start, so that it goes as a file unlinked while
+    /// open goes: at its last close, or at the next sweep when its openers died. `linkable`
+    /// (no `O_EXCL`): [`Fs::link`] may give it a name. The directory's times do not change
+    /// (nothing in it does), as on Linux.
+    pub fn create_unnamed(&self, dir: u64, perm: u32, owner: Owner, linkable: bool) -> Result<Inode> {
+        let parent = self.dir_inode(dir)?;
+        let gid = if parent.mode & libc::S_ISGID != 0 { parent.gid } else { owner.gid };
+        let mut inode = Inode::new(self.allocate_ino()?, libc::S_IFREG | (perm & 0o7777), owner.uid, gid, now_ns());
+        inode.nlink = 0;
+        if linkable {
+            inode.parent = dir;
+        }
+        inode.openers.push(self.opener());
+        debug_assert_eq!(inode.linkable_unnamed(), linkable);
+        // The record first, as a new inode comes before the entry that names it: a process
+        // dying before the orphan list names it leaves one record without data.
+        match self.kv.put_cond(&self.keys.inode(inode.ino), &inode.encode(), Cond::Absent)? {
+            Some(version) => self.remember_inode(&inode, version),
+            None => return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino))),
+        }
+        if let Err(e) = self.add_orphan(inode.ino) {
+            self.kv.delete_cond(&self.keys.inode(inode.ino), Cond::Always)?;
+            self.forget_deleted(inode.ino, false);
+            return Err(e);
+        }
         Ok(inode)
     }
 

@@ -7,6 +7,8 @@
 //! stays (with no name, `nlink` 0), goes on the orphan list, and the last recorded process to
 //! close it deletes it. Because the unlink and the openers change one record by
 //! compare-and-swap, an open and an unlink of the same file are ordered one way or the other.
+//! A file made by `open` with `O_TMPFILE` ([`Fs::create_unnamed`]) is such a file from its
+//! start, until a link gives it a name ([`Fs::link`]).
 //!
 //! A process killed while it has files open never removes itself. Openers on this host are
 //! checked for life (`/proc/PID/stat`: same pid and start time, same boot) whenever a record is
@@ -207,7 +209,8 @@ impl Fs {
         })
     }
 
-    fn remove_orphan(&self, ino: u64) -> Result<()> {
+    /// Takes `ino` off the orphan list (deleted, or given a name again).
+    pub(crate) fn remove_orphan(&self, ino: u64) -> Result<()> {
         self.update_orphans(|list| {
             let before = list.inos.len();
             list.inos.retain(|&i| i != ino);
@@ -278,8 +281,8 @@ impl Fs {
                 self.remove_orphan(ino)?;
                 deleted += 1;
             } else if inode.nlink > 0 {
-                // Linked again meanwhile cannot happen (no name, no link), but never delete a
-                // file that has a name.
+                // An `O_TMPFILE` file its opener linked, which died before it took the file
+                // off the list: a file with a name is no orphan.
                 self.remove_orphan(ino)?;
             }
         }

@@ -519,11 +519,12 @@ fn kura_open(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], fl
 }
 
 fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<Opened, i32> {
-    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
-        return Err(libc::EOPNOTSUPP);
-    }
+    // `O_PATH` first: the kernel drops every other flag but a few before it looks at them.
     if flags & libc::O_PATH != 0 {
         return open_path_only(state, fs, start, rel, abs, flags);
+    }
+    if flags & O_TMPFILE_BIT != 0 {
+        return open_unnamed(state, fs, start, rel, abs, flags, mode);
     }
     let creat = flags & libc::O_CREAT != 0;
     // Linux (since 6.4) refuses the pair before it looks at the path.
@@ -639,6 +640,50 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     } else {
         *file.dir_inode.lock() = Some(inode);
     }
+    state.fds.install(fd, Arc::new(file));
+    Ok(Opened::Fd(fd))
+}
+
+/// `O_TMPFILE` without `O_DIRECTORY`, which it includes (the kernel's `__O_TMPFILE`).
+const O_TMPFILE_BIT: c_int = libc::O_TMPFILE & !libc::O_DIRECTORY;
+
+/// `O_TMPFILE`: a regular file without a name in the directory `rel` names, open for writing,
+/// as Linux's `do_tmpfile` makes it: `EINVAL` without write access or with `O_CREAT` (before
+/// the path is looked at), `ENOTDIR` when the path names no directory, `EACCES` without write
+/// and search on it; no permission on the new file itself is checked (its mode may allow
+/// nothing). It is a file unlinked while open from the start ([`Fs::create_unnamed`]); without
+/// `O_EXCL` a `linkat` of the descriptor may name it. The descriptor's path is the one Linux
+/// shows for it, `DIR/#INO (deleted)`.
+fn open_unnamed(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8], flags: c_int, mode: c_uint) -> Result<Opened, i32> {
+    if flags & (O_TMPFILE_BIT | libc::O_DIRECTORY | libc::O_CREAT) != libc::O_TMPFILE || flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(libc::EINVAL);
+    }
+    let dir = match resolve_inode(state, fs, start, rel, flags & libc::O_NOFOLLOW == 0)? {
+        (Resolved::Found { .. }, Some(inode)) if kura_fs::layout::is_dir(inode.mode) => inode,
+        (Resolved::Found { .. }, Some(_)) => return Err(libc::ENOTDIR),
+        (Resolved::Found { .. }, None) | (Resolved::Missing { .. }, _) => return Err(libc::ENOENT),
+        (Resolved::Outside(abs), _) => {
+            let p = c_path(&abs);
+            // SAFETY: a NUL-terminated path of ours and the caller's flags and mode.
+            let fd = unsafe { crate::raw_syscall!(libc::SYS_openat, libc::AT_FDCWD, p.as_ptr(), flags, mode) };
+            return if fd < 0 { Err(errno()) } else { Ok(Opened::Fd(fd as c_int)) };
+        }
+    };
+    check_create_in(fs, dir.ino)?;
+    let perm = mode & 0o7777 & !umask_now();
+    let inode = fs.create_unnamed(dir.ino, perm, owner(), flags & libc::O_EXCL == 0).map_err(fs_errno)?;
+    let node = fs.open_node_created(&inode).map_err(fs_errno)?;
+    let mut path = abs.strip_suffix(b"/").unwrap_or(abs).to_vec();
+    path.extend_from_slice(format!("/#{} (deleted)", inode.ino).as_bytes());
+    // The description keeps no creation flags, as Linux's.
+    let (fd, file) = match create_placeholder(inode.ino, false, flags & !(libc::O_EXCL | libc::O_TRUNC), &path) {
+        Ok(placeholder) => placeholder,
+        Err(e) => {
+            let _ = fs.release(&node);
+            return Err(e);
+        }
+    };
+    file.set_node(node);
     state.fds.install(fd, Arc::new(file));
     Ok(Opened::Fd(fd))
 }
@@ -1886,6 +1931,13 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
             // The kernel may look the good one up first (ENOENT for a kura path), not EFAULT.
             return ret_int(Err(libc::EFAULT));
         };
+        if let Some(source) = link_source(state, olddir, o, flags) {
+            return ret_int(match classify(state, newdir, n) {
+                Err(e) => Err(e),
+                Ok(Target::Kura { start, rel, .. }) => with_fs(state, |fs| link_new_name(state, fs, source, n, start, &rel)),
+                Ok(_) => Err(libc::EXDEV),
+            });
+        }
         match (classify(state, olddir, o), classify(state, newdir, n)) {
             (Err(e), _) | (_, Err(e)) => ret_int(Err(e)),
             (Ok(Target::Kura { start: os, rel: orel, .. }), Ok(Target::Kura { start: ns, rel: nrel, .. })) => ret_int(with_fs(state, |fs| {
@@ -1894,20 +1946,10 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
                     Resolved::Missing { .. } => return Err(libc::ENOENT),
                     Resolved::Outside(_) => return Err(libc::EXDEV),
                 };
-                // `.` or `..` as the new name, after the old name's lookup (as the kernel).
-                if let Err(refused) = kura_fs::path::check_last_component(n, kura_fs::path::NameOp::Create) {
-                    return Err(after_parent_walk(state, fs, ns, &nrel, refused.errno()));
-                }
-                match resolve_parent(state, fs, ns, &nrel, false)? {
-                    Resolved::Missing { parent, name } => {
-                        check_create_in(fs, parent)?;
-                        fs.link(ino, parent, &name).map_err(fs_errno)?;
-                        Ok(0)
-                    }
-                    Resolved::Found { .. } => Err(libc::EEXIST),
-                    Resolved::Outside(_) => Err(libc::EXDEV),
-                }
+                link_new_name(state, fs, Some(ino), n, ns, &nrel)
             })),
+            // An empty old path names nothing without `AT_EMPTY_PATH`.
+            (Ok(Target::Kura { .. }), _) | (_, Ok(Target::Kura { .. })) if o.is_empty() && flags & libc::AT_EMPTY_PATH == 0 => ret_int(Err(libc::ENOENT)),
             (Ok(Target::Kura { .. }), _) | (_, Ok(Target::Kura { .. })) => ret_int(Err(libc::EXDEV)),
             (Ok(ot), Ok(nt)) => {
                 let (od, op) = match &ot {
@@ -1922,6 +1964,47 @@ extern "C" fn h_linkat(olddir: c_int, old: *const c_char, newdir: c_int, new: *c
             }
         }
     })
+}
+
+/// `linkat`'s old file when a kura descriptor names it: `AT_EMPTY_PATH` with an empty path
+/// (`olddir` itself), or `/proc/self/fd/N` and the like ([`crate::paths::descriptor_link`]),
+/// which Linux follows with `AT_SYMLINK_FOLLOW` to the open file itself, whatever its name is
+/// now (an `O_TMPFILE` file has none): `Some(Some(ino))`. Without that flag such a path names
+/// procfs's own link, a file outside the mount: `Some(None)`. `None`: a path to walk, or not
+/// kura's. (Linux before 6.10 let `AT_EMPTY_PATH` through only with `CAP_DAC_READ_SEARCH`;
+/// since, also for a file the caller opened itself, as every kura descriptor is.)
+fn link_source(state: &State, olddir: c_int, old: &[u8], flags: c_int) -> Option<Option<u64>> {
+    if old.is_empty() {
+        if flags & libc::AT_EMPTY_PATH == 0 {
+            return None;
+        }
+        return state.fds.get(olddir).map(|of| Some(of.ino));
+    }
+    match crate::paths::descriptor_link(state, old)? {
+        (of, b"") => Some((flags & libc::AT_SYMLINK_FOLLOW != 0).then_some(of.ino)),
+        _ => None,
+    }
+}
+
+/// `linkat`'s new name `n` (`rel` from `start`, in the mount) for inode `ino` (`None`: a file
+/// outside the mount, `EXDEV`), after the old file's lookup, with the kernel's checks in its
+/// order: the name, the directory, `EEXIST`, `EXDEV`, `EACCES`, then the file's own
+/// (`EPERM` for a directory, `ENOENT` for a file without a name that may not get one).
+fn link_new_name(state: &State, fs: &Fs, ino: Option<u64>, n: &[u8], start: u64, rel: &[u8]) -> Result<c_int, i32> {
+    // `.` or `..` as the new name, after the old name's lookup (as the kernel).
+    if let Err(refused) = kura_fs::path::check_last_component(n, kura_fs::path::NameOp::Create) {
+        return Err(after_parent_walk(state, fs, start, rel, refused.errno()));
+    }
+    match resolve_parent(state, fs, start, rel, false)? {
+        Resolved::Missing { parent, name } => {
+            let ino = ino.ok_or(libc::EXDEV)?;
+            check_create_in(fs, parent)?;
+            fs.link(ino, parent, &name).map_err(fs_errno)?;
+            Ok(0)
+        }
+        Resolved::Found { .. } => Err(libc::EEXIST),
+        Resolved::Outside(_) => Err(libc::EXDEV),
+    }
 }
 
 extern "C" fn h_link(old: *const c_char, new: *const c_char) -> c_int {

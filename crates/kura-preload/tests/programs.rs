@@ -614,6 +614,46 @@ fn calls_by_number_reach_kura_files_as_the_kernels() {
     assert_eq!(got, want, "calls by number under the preload (left) and on the kernel (right)");
 }
 
+/// `open` with `O_TMPFILE` and `linkat` of its descriptor (tests/c/tmpfile.c): an unnamed file
+/// read and written through its descriptor, `st_nlink` 0, never listed, `/proc/self/fd/N`
+/// reading `DIR/#INO (deleted)`; named with its data by `linkat(AT_EMPTY_PATH)` and by
+/// `/proc/self/fd/N` with `AT_SYMLINK_FOLLOW` (EXDEV without), also from a forked child and
+/// through a directory descriptor; with `O_EXCL`, or once linked and unlinked again, ENOENT,
+/// as for a file unlinked while open; EINVAL, ENOTDIR and ENOENT for the wrong flags and
+/// paths. On a host directory and under the preload on a kura one, the same. (Before, every
+/// such open was EOPNOTSUPP, and `linkat(AT_EMPTY_PATH)` of a kura descriptor EXDEV.)
+#[test]
+fn o_tmpfile_files_and_their_links_as_on_the_kernel() {
+    if !have("gcc") {
+        return kura_testkit::skip("no gcc to build tests/c/tmpfile.c");
+    }
+    let (want, got) = c_program_on_kernel_and_kura("tmpfile.c");
+    assert!(
+        want.contains("fstat: nlink 0 mode 644 size 14 regular 1\nlisted: sub\n")
+            && want.contains("link O_EXCL empty path: -1 ENOENT\n")
+            && want.contains("link after unlink: -1 ENOENT\n"),
+        "{want}"
+    );
+    assert_eq!(got, want, "O_TMPFILE under the preload (left) and on the kernel (right)");
+}
+
+/// Python's `tempfile.TemporaryFile` (and a rolled-over `SpooledTemporaryFile`) in a kura
+/// directory is made with `O_TMPFILE`, as on a host directory (tests/py/tmpfile.py; Python
+/// falls back to a named file, unlinked at once, without it), and an `O_TMPFILE` file named
+/// through `/proc/self/fd/N` keeps its data: the same output on a host directory and under
+/// the preload.
+#[test]
+fn python_temporary_files_are_o_tmpfile_files_as_on_the_kernel() {
+    let env = Env::new();
+    let path = workspace().join("crates/kura-preload/tests/py/tmpfile.py");
+    let path = path.to_str().unwrap();
+    let out = std::process::Command::new("python3").arg(path).arg(env.dir.path().join("host")).output().unwrap();
+    check(&out, &["python3", "tmpfile.py", "HOST_DIR"]);
+    let want = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(want.contains("made with O_TMPFILE True 3\n") && want.contains("nlink 0 size 100000"), "{want}");
+    assert_eq!(env.run(&["python3", path, "/kura/tmp"]), want, "under the preload (left) and on the kernel (right)");
+}
+
 /// Node.js's fs module, sync, promise and stream APIs (tests/js/fs_apis.js: stat, lstat,
 /// readdir with types, symlinks and realpath, copy, rename, truncate, chmod, utimes,
 /// descriptors, mkdtemp, opendir, recursive cp and rm, streams, statfs, links), on a host
@@ -1708,6 +1748,70 @@ os.write(go_w, b"x")
 _, status = os.waitpid(child, 0)
 assert status == 0, ("the forked child lost the removed file", status)
 assert items() == baseline, ("the child's close left the removed file behind", baseline, items())
+print("ok")
+"#;
+    let kura = common::kura();
+    let data = env.data_dir();
+    assert_eq!(env.run(&["python3", "-c", script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
+}
+
+/// An `O_TMPFILE` file is a file unlinked while open from its start: its chunks and record
+/// leave the pool at its last close, and when the process holding it is killed, the next
+/// process that opens the file system deletes it; one named by `linkat` stays until its name
+/// is removed. Counted by the local server's items.
+#[test]
+fn an_o_tmpfile_files_data_goes_at_its_last_close_or_with_its_holder() {
+    let env = Env::new();
+    let script = r#"
+import ctypes, json, os, signal, socket, subprocess, sys
+kura, data = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+AT_EMPTY_PATH = 0x1000
+def other(cmd):
+    r = subprocess.run([kura, "fs", "run", "--data-dir", data, "--fuse", "off", "--", "sh", "-c", cmd], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+def items():
+    port = json.load(open(os.path.join(data, "server.json")))["port"]
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"stats\r\n")
+    text = b""
+    while not text.endswith(b"END\r\n"):
+        text += s.recv(65536)
+    return int([l for l in text.split(b"\r\n") if l.startswith(b"STAT curr_items ")][0].split()[2])
+
+other("mkdir /kura/t")
+baseline = items()
+
+# Written back (fsync), then closed without a name: every chunk goes, and the record.
+fd = os.open("/kura/t", os.O_TMPFILE | os.O_RDWR, 0o600)
+os.write(fd, os.urandom(300000))
+os.fsync(fd)
+assert items() > baseline + 70, ("the data is in the pool", baseline, items())
+assert os.listdir("/kura/t") == []
+os.close(fd)
+assert items() == baseline, ("the closed O_TMPFILE file was left behind", baseline, items())
+
+# Named: it stays, and another process reads it; its name removed, it goes.
+fd = os.open("/kura/t", os.O_TMPFILE | os.O_RDWR, 0o644)
+os.write(fd, b"kept\n" * 1000)
+assert libc.linkat(fd, b"", -100, b"/kura/t/kept", AT_EMPTY_PATH) == 0, os.strerror(ctypes.get_errno())
+os.close(fd)
+assert other("wc -c < /kura/t/kept").strip() == b"5000"
+assert items() > baseline
+os.unlink("/kura/t/kept")
+assert items() == baseline, ("the named O_TMPFILE file was left behind", baseline, items())
+
+# Its holder killed: the next process to start deletes it.
+holder = subprocess.Popen([kura, "fs", "run", "--data-dir", data, "--fuse", "off", "--", "python3", "-c",
+    "import os, time; fd = os.open('/kura/t', os.O_TMPFILE | os.O_RDWR, 0o600); os.write(fd, b'y' * 100000); os.fsync(fd); print(os.getpid(), flush=True); time.sleep(120)"],
+    stdout=subprocess.PIPE)
+pid = int(holder.stdout.readline())
+assert items() > baseline + 20, "the holder's data is in the pool"
+os.kill(pid, signal.SIGKILL)
+holder.wait()
+other("ls /kura > /dev/null")
+assert items() == baseline, ("the dead holder's O_TMPFILE file was not swept", baseline, items())
 print("ok")
 "#;
     let kura = common::kura();
