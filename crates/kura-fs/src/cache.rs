@@ -34,6 +34,9 @@ const EVICT_SCAN_MAX: usize = 4096;
 /// A read at the end of a file open here looks whether another process made it longer, at
 /// most this often (`tail -f` of another process's log; NFS's attribute cache does the same).
 const EOF_REVALIDATE_INTERVAL_MS: u64 = 100;
+/// Files this process closed but stays recorded in as an opener, at most (see
+/// [`Fs::release`]): the close that would pass it leaves them all, in one batch.
+pub const LINGERING_MAX: usize = 1024;
 
 /// How a write reaches the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,6 +296,9 @@ pub(crate) struct CacheState {
     readahead_pages: u64,
     /// A pass of the write-back worker holds this; `fork` takes it so no pass is half done.
     pass: Mutex<()>,
+    /// Files closed here whose records still list this process among their openers (see
+    /// [`Fs::release`]), left by [`Fs::leave_lingering`].
+    lingering: Mutex<Vec<u64>>,
 }
 
 #[derive(Default)]
@@ -319,6 +325,7 @@ impl CacheState {
             interval: Duration::from_millis(config.writeback_interval_ms.max(1)),
             readahead_pages: u64::from(config.readahead_pages.max(1)),
             pass: Mutex::new(()),
+            lingering: Mutex::new(Vec::new()),
         }
     }
 }
@@ -430,7 +437,15 @@ impl Fs {
         inner.opens += 1;
         let first = inner.opens == 1;
         drop(inner);
-        if first && !*registered {
+        if first && *registered {
+            // Closed here and not left yet (see `release`): the record lists this process
+            // still, so no swap; another process that opened it since makes it shared.
+            self.cache.lingering.lock().retain(|&ino| ino != inode.ino);
+            if self.open_in_another_process(inode) {
+                node.shared.store(true, Ordering::Release);
+                self.drop_clean_pages(&mut node.inner.lock());
+            }
+        } else if first {
             // A file this process just made lists it already, alone.
             let recorded = if created { Ok((true, false)) } else { self.register_opener(inode.ino) };
             match recorded {
@@ -482,7 +497,24 @@ impl Fs {
             inner.leave_openers = false;
             inner.left_openers.take()
         };
-        if std::mem::take(&mut *registered) {
+        if *registered {
+            if left.is_none() && result.is_ok() && self.may_linger(node.ino) {
+                // Nothing was written back, so leaving the openers would be a swap of its own:
+                // it waits, for a batch of them (the write-back worker's next pass, a `sync`,
+                // `fork`, `exec` or exit; `leave_lingering`), and an open here before then
+                // needs no swap either. Meanwhile the file counts as open here: another
+                // process's unlink leaves it to this one to delete, and another process that
+                // opens it reads and writes through the pool, as for a file open here.
+                let full = {
+                    let mut lingering = self.cache.lingering.lock();
+                    lingering.push(node.ino);
+                    lingering.len() >= LINGERING_MAX
+                };
+                drop(registered);
+                self.ensure_writeback_worker();
+                return if full { self.leave_lingering() } else { Ok(()) };
+            }
+            *registered = false;
             return match left {
                 // The write-back's swap removed this process already.
                 Some(inode) => result.and(self.after_leaving(&inode)),
@@ -496,6 +528,90 @@ impl Fs {
             };
         }
         result
+    }
+
+    /// Whether the last close of `ino` may leave its record later (see [`Fs::release`]): the
+    /// file has a name (the last close of one without deletes it now), as the record this
+    /// process last read or wrote says (the open's swap wrote it), else as read now. A name
+    /// removed elsewhere since only delays the delete to the batch.
+    fn may_linger(&self, ino: u64) -> bool {
+        let recent = self.recent_inodes.lock().get(&ino).map(|(inode, _, _)| inode.nlink);
+        match recent {
+            Some(nlink) => nlink > 0,
+            None => matches!(self.load_inode(ino), Ok((inode, _)) if inode.nlink > 0),
+        }
+    }
+
+    /// Leaves the openers of the files this process closed without leaving them (see
+    /// [`Fs::release`]), in one batch of swaps: the records are read together (copies, mostly),
+    /// and written together; a swap that lost a race is made again alone.
+    pub fn leave_lingering(&self) -> Result<()> {
+        let inos = std::mem::take(&mut *self.cache.lingering.lock());
+        if inos.is_empty() {
+            return Ok(());
+        }
+        let nodes: Vec<Arc<Node>> = {
+            let nodes = self.nodes.lock();
+            inos.iter().filter_map(|ino| nodes.get(ino).cloned()).collect()
+        };
+        // Each still closed and recorded; held so that an open waits for the swap.
+        let mut held: Vec<(&Arc<Node>, MutexGuard<'_, bool>)> = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let registered = node.registered.lock();
+            if *registered && node.inner.lock().opens == 0 {
+                held.push((node, registered));
+            }
+        }
+        if held.is_empty() {
+            return Ok(());
+        }
+        let me = self.opener();
+        let keys: Vec<Vec<u8>> = held.iter().map(|(node, _)| self.keys.inode(node.ino)).collect();
+        let records = self.kv.get_versioned_many(&keys)?;
+        let mut left: Vec<Option<(Inode, Vec<u8>, u64)>> = Vec::with_capacity(held.len());
+        for (key, record) in keys.iter().zip(records) {
+            left.push(self.decode_inode(key, record)?.map(|(mut inode, version)| {
+                Self::leave_openers(&mut inode, &me);
+                let encoded = inode.encode();
+                (inode, encoded, version)
+            }));
+        }
+        let writes: Vec<crate::kv::WriteOp> =
+            keys.iter().zip(&left).filter_map(|(key, left)| left.as_ref().map(|(_, encoded, version)| crate::kv::WriteOp::Put(key, encoded, crate::kv::Cond::Version(*version)))).collect();
+        let mut outcomes = self.kv.write_many(&writes)?.into_iter();
+        let mut first_error = Ok(());
+        for ((node, registered), left) in held.iter_mut().zip(left) {
+            let outcome = match left {
+                // Deleted meanwhile: nothing to leave.
+                None => Ok(()),
+                Some((inode, _, _)) => match outcomes.next().flatten() {
+                    Some(version) => {
+                        self.remember_inode(&inode, version);
+                        self.after_leaving(&inode)
+                    }
+                    // Changed since it was read: alone, from the record as it is.
+                    None => self.unregister_opener(node.ino),
+                },
+            };
+            **registered = false;
+            first_error = first_error.and(outcome);
+        }
+        first_error
+    }
+
+    /// In the child of a `fork`: the parent's lingering records (see [`Fs::release`]) are the
+    /// parent's to leave.
+    pub(crate) fn forget_lingering(&self) {
+        let inos = std::mem::take(&mut *self.cache.lingering.lock());
+        for ino in inos {
+            let node = self.nodes.lock().get(&ino).cloned();
+            if let Some(node) = node {
+                let mut registered = node.registered.lock();
+                if node.inner.lock().opens == 0 {
+                    *registered = false;
+                }
+            }
+        }
     }
 
     /// Whether this process has `ino` open.
@@ -1462,7 +1578,9 @@ impl Fs {
         self.kv.flush()
     }
 
-    /// Writes back every node with dirty data (before fork, exec and exit, and for `sync`).
+    /// Writes back every node with dirty data, and leaves the openers of the files closed
+    /// since (before fork, exec and exit, at each pass of the write-back worker, and for
+    /// `sync`).
     pub fn writeback_all(&self) -> Result<()> {
         let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
         let mut first_error = Ok(());
@@ -1471,7 +1589,7 @@ impl Fs {
                 first_error = first_error.and(Err(e));
             }
         }
-        first_error
+        first_error.and(self.leave_lingering())
     }
 
     /// [`Fs::writeback_all`] and a pool flush.

@@ -2,7 +2,10 @@
 //!
 //! Every process (every file system instance in it) that opens a regular file records itself
 //! in the file's inode record (`Inode::openers`) at its first open of the file and removes
-//! itself at its last close, both by compare-and-swap on the record. Dropping a file's last
+//! itself after its last close, both by compare-and-swap on the record: in the swap of the
+//! close's write-back, or, for a file closed with nothing to write back, in a batch at the
+//! next write-back pass, `sync`, `fork`, `exec` or exit ([`Fs::leave_lingering`]; the file
+//! counts as open here until then, and an open before needs no swap). Dropping a file's last
 //! name deletes its data only when no other live process is recorded; otherwise the inode
 //! stays (with no name, `nlink` 0), goes on the orphan list, and the last recorded process to
 //! close it deletes it. Because the unlink and the openers change one record by
@@ -129,11 +132,13 @@ impl Fs {
     /// process removes it. A file deleted before this (the parent closed it after an unlink
     /// elsewhere) is left unregistered; its descriptors then answer `ESTALE`.
     pub fn register_inherited_opens(&self) -> Result<()> {
+        self.forget_lingering();
         let nodes: Vec<_> = self.nodes.lock().values().cloned().collect();
         let mut first_error = None;
         for node in nodes {
             let mut registered = node.registered.lock();
-            // Registered implies open: the last close clears it under the same lock.
+            // Registered implies open here now (`forget_lingering` cleared the parent's records
+            // of files it had closed): a last close changes it under the same lock.
             if !*registered {
                 continue;
             }

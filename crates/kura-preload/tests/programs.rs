@@ -2046,6 +2046,46 @@ fn copies_stay_while_another_process_changes_other_files() {
     assert!(fresh_requests <= 3, "a new process asked the pool {fresh_requests} times for files others had read");
 }
 
+/// A file closed in a process stays recorded among its openers until the process's next
+/// write-back pass, `sync`, `fork`, `exec` or exit, which leave all such files in one batch
+/// (`Fs::release`, `Fs::leave_lingering`): 100 opens, reads and closes of one file send the
+/// pool what one does (they sent 2 swaps each before), and the file of another process's
+/// unlink in between goes when the holder exits.
+#[test]
+fn closed_files_are_left_in_one_batch_and_their_unlinks_wait_for_it() {
+    let env = Env::new();
+    let (_server, port) = small_kura_server(&env);
+    let run = |script: &str| python_on(&env, port, script);
+    run("open('/kura/f', 'w').write('hello')");
+    let reads = |n: usize| format!("import os\nfor _ in range({n}):\n    fd = os.open('/kura/f', os.O_RDONLY); assert os.read(fd, 10) == b'hello'; os.close(fd)");
+    let requests_of = |script: &str| {
+        let before = server_requests(port);
+        run(script);
+        server_requests(port) - before
+    };
+    let one = (0..3).map(|_| requests_of(&reads(1))).min().unwrap();
+    let hundred = (0..3).map(|_| requests_of(&reads(100))).min().unwrap();
+    println!("1 open, read and close: {one} requests; 100: {hundred}");
+    assert!(hundred <= one + 2, "100 opens and closes of one file sent {hundred} requests, one sent {one}");
+    let items = || kura_testkit::memcache_stat(port, "curr_items");
+    let baseline = items();
+    run("open('/kura/g', 'w').write('y' * 300000)");
+    let with_g = items();
+    assert!(with_g > baseline + 2, "the file's chunks are in the pool ({baseline} -> {with_g})");
+    let holder = "import os, sys\nfd = os.open('/kura/g', os.O_RDONLY); assert len(os.read(fd, 300000)) == 300000; os.close(fd)\nprint('closed', flush=True)\nsys.stdin.readline()";
+    let mut child = env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", holder]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "closed");
+    run("import os; os.unlink('/kura/g'); assert not os.path.exists('/kura/g')");
+    writeln!(child.stdin.as_mut().unwrap(), "exit").unwrap();
+    check(&child.wait_with_output().unwrap(), &["holder"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while items() != baseline && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(items(), baseline, "the unlinked file's record and chunks are gone once its last holder exited");
+}
+
 /// A process keeping copies of records (see the test above) whose server is killed with
 /// `kill -9` and started again on the same store reads afresh: the new server bumps the change
 /// count in the same file before it serves, so the copies go, and the change another process
