@@ -34,6 +34,10 @@ const EVICT_SCAN_MAX: usize = 4096;
 /// A read at the end of a file open here looks whether another process made it longer, at
 /// most this often (`tail -f` of another process's log; NFS's attribute cache does the same).
 const EOF_REVALIDATE_INTERVAL_MS: u64 = 100;
+/// Files up to this size opened to be read have their first chunk read in the round trip of
+/// the swap that records the opener ([`Fs::open_node_reading`]): a small file's open and first
+/// read cost one round trip, not two.
+pub const OPEN_READ_BYTES_MAX: u64 = 64 << 10;
 /// Files this process closed but stays recorded in as an opener, at most (see
 /// [`Fs::release`]): the close that would pass it leaves them all, in one batch.
 pub const LINGERING_MAX: usize = 1024;
@@ -411,17 +415,24 @@ impl Fs {
     /// Taking it made a file closed by one thread while another opened it read as empty
     /// (Node.js's write stream closing while a read stream opened the file).
     pub fn open_node(&self, inode: &Inode) -> Result<Arc<Node>> {
-        self.open_node_as(inode, false)
+        self.open_node_as(inode, false, false)
+    }
+
+    /// [`Fs::open_node`] of a file opened to be read: a file of up to [`OPEN_READ_BYTES_MAX`]
+    /// has its first chunk read with the swap that records this process among its openers,
+    /// in the same round trip, and cached (unless another process has the file open).
+    pub fn open_node_reading(&self, inode: &Inode) -> Result<Arc<Node>> {
+        self.open_node_as(inode, false, true)
     }
 
     /// [`Fs::open_node`] of a file [`Fs::create_open`] just made, whose record already lists
     /// this process among its openers: no compare-and-swap to record it again.
     pub fn open_node_created(&self, inode: &Inode) -> Result<Arc<Node>> {
         debug_assert!(inode.openers.contains(&self.opener()));
-        self.open_node_as(inode, true)
+        self.open_node_as(inode, true, false)
     }
 
-    fn open_node_as(&self, inode: &Inode, created: bool) -> Result<Arc<Node>> {
+    fn open_node_as(&self, inode: &Inode, created: bool, reading: bool) -> Result<Arc<Node>> {
         let node = Arc::clone(self.nodes.lock().entry(inode.ino).or_insert_with(|| Arc::new(Node::new(inode))));
         let mut registered = node.registered.lock();
         let mut inner = node.inner.lock();
@@ -446,15 +457,18 @@ impl Fs {
                 self.drop_clean_pages(&mut node.inner.lock());
             }
         } else if first {
+            let first_chunk = (reading && !created && inode.size > 0 && inode.size <= OPEN_READ_BYTES_MAX && !node.inner.lock().pages.contains(0)).then(|| self.keys.chunk(inode.ino, 0));
             // A file this process just made lists it already, alone.
-            let recorded = if created { Ok((true, false)) } else { self.register_opener(inode.ino) };
+            let recorded = if created { Ok((true, false, None)) } else { self.register_opener(inode.ino, first_chunk.as_deref()).map(|(recorded, elsewhere, read)| (recorded, elsewhere, Some(read))) };
             match recorded {
-                Ok((recorded, elsewhere)) => {
+                Ok((recorded, elsewhere, read)) => {
                     *registered = recorded;
                     if elsewhere {
                         // Another process has it open: this one reads and writes the pool.
                         node.shared.store(true, Ordering::Release);
                         self.drop_clean_pages(&mut node.inner.lock());
+                    } else if let Some((now, Some(value))) = read {
+                        self.keep_first_chunk(&node, &now, value.as_deref());
                     }
                 }
                 Err(e) => {
@@ -465,6 +479,25 @@ impl Fs {
         }
         drop(registered);
         Ok(node)
+    }
+
+    /// Caches the first chunk of `node` as read with the swap that recorded this process among
+    /// its openers, leaving the record `now`: when the node stands at that record (no write of
+    /// another process came between the open's look at the record and the swap) and has no
+    /// page there yet.
+    fn keep_first_chunk(&self, node: &Arc<Node>, now: &Inode, value: Option<&[u8]>) {
+        let inserted = {
+            let mut inner = node.inner.lock();
+            let current = inner.generation == now.generation && inner.size == now.size && inner.dirty == 0 && !inner.pages.contains(0);
+            if current {
+                let page = self.page_from(value);
+                self.insert_page(node, &mut inner, 0, page);
+            }
+            current
+        };
+        if inserted && self.cache.pages.load(Ordering::Relaxed) > self.cache.pages_max {
+            self.make_room();
+        }
     }
 
     /// One open of `node` ended. The last one writes its data back (close-to-open

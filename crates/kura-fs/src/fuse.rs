@@ -316,7 +316,7 @@ impl Filesystem for KuraFuse {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.getattr(ino.0) {
-            Ok(inode) if file_type(inode.mode) == libc::S_IFREG => match self.fs.open_node(&inode) {
+            Ok(inode) if file_type(inode.mode) == libc::S_IFREG => match if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && flags.0 & (libc::O_TRUNC | libc::O_DIRECT) == 0 { self.fs.open_node_reading(&inode) } else { self.fs.open_node(&inode) } {
                 Ok(node) => {
                     let fh = self.add_handle(Handle::File { node, flags: flags.0 });
                     reply.opened(fh, FopenFlags::empty());

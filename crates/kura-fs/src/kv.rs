@@ -61,6 +61,10 @@ pub enum Cond {
     Version(u64),
 }
 
+/// A data value read along with a write ([`Kv::put_cond_reading`]): `None` when it was not
+/// read, `Some(None)` when it is absent.
+pub type AlsoRead = Option<Option<Vec<u8>>>;
+
 /// One write of [`Kv::write_many`].
 #[derive(Debug, Clone, Copy)]
 pub enum WriteOp<'a> {
@@ -92,6 +96,13 @@ pub trait Kv: Send + Sync {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>>;
     /// Writes when `cond` holds: `Some(new version)`, or `None` when it did not hold.
     fn put_cond(&self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>>;
+    /// [`Kv::put_cond`], and a read of the data value `also` (a small file's first chunk, at
+    /// the swap that records its opener) in the same round trip where the backend allows: the
+    /// value read, or `None` when it was not read.
+    fn put_cond_reading(&self, key: &[u8], value: &[u8], cond: Cond, also: &[u8]) -> Result<(Option<u64>, AlsoRead)> {
+        let _ = also;
+        Ok((self.put_cond(key, value, cond)?, None))
+    }
     /// Deletes when `cond` holds (`Always`: whether or not it existed; `Absent`: nothing to
     /// delete); `false` when it did not.
     fn delete_cond(&self, key: &[u8], cond: Cond) -> Result<bool>;
@@ -903,6 +914,27 @@ impl Kv for PoolKv {
         }
     }
 
+    fn put_cond_reading(&self, key: &[u8], value: &[u8], cond: Cond, also: &[u8]) -> Result<(Option<u64>, AlsoRead)> {
+        let node = self.pool.node_of(key);
+        // On one node's metadata connection, pipelined (data values of Redis nodes are not
+        // read there).
+        if self.engine.is_some() || node.backend == Backend::Redis || !std::ptr::eq(node, self.pool.node_of(also)) {
+            return Ok((self.put_cond(key, value, cond)?, None));
+        }
+        let mut read = None;
+        let version = self.writing(
+            || {
+                self.with_meta(key, |c| {
+                    let (version, value) = c.set_and_get(key, value, cond, also)?;
+                    read = value;
+                    Ok(version)
+                })
+            },
+            |version| Some(version.map_or_else(Vec::new, |v| vec![(key, Some(Some((value.to_vec(), v))))])),
+        )?;
+        Ok((version, read))
+    }
+
     fn write_many(&self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
         if self.engine.is_some() {
             return writes.iter().map(|write| write.apply(self)).collect();
@@ -1177,6 +1209,15 @@ impl SideConn {
         }
     }
 
+    /// A set and a get (of a data value: no version prefix) in one round trip on memcached;
+    /// the set alone on Redis.
+    fn set_and_get(&mut self, key: &[u8], value: &[u8], cond: Cond, also: &[u8]) -> Result<(Option<u64>, AlsoRead)> {
+        match self {
+            SideConn::Memcache(c) => c.set_and_get(key, value, cond, also),
+            SideConn::Redis(c) => Ok((c.set(key, value, cond)?, None)),
+        }
+    }
+
     /// Several writes: pipelined on memcached, one by one on Redis (and on memcached when a
     /// delete only if absent, which is no single request, is among them).
     fn write_many(&mut self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
@@ -1396,6 +1437,19 @@ impl MetaConn {
     fn set(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<Option<u64>> {
         self.send(&set_request(key, value, cond), None)?;
         self.read_set_reply()
+    }
+
+    /// `ms` of `key` and `mg` of `also` in one send, then both replies.
+    fn set_and_get(&mut self, key: &[u8], value: &[u8], cond: Cond, also: &[u8]) -> Result<(Option<u64>, AlsoRead)> {
+        let mut requests = set_request(key, value, cond);
+        requests.extend_from_slice(b"mg ");
+        requests.extend_from_slice(also);
+        requests.extend_from_slice(b" v c\r\n");
+        self.send(&requests, None)?;
+        let mut replies = self.read_replies(2, |c, i| if i == 0 { c.read_set_reply().map(|v| (v, None)) } else { c.read_get_reply().map(|r| (None, Some(r.map(|(value, _)| value)))) })?;
+        let (_, read) = replies.pop().expect("two replies");
+        let (version, _) = replies.pop().expect("two replies");
+        Ok((version, read))
     }
 
     /// `ms` and `md` of every write in one send, then their replies in order (see

@@ -295,9 +295,16 @@ impl Fs {
     /// starts from the record as this process last read or wrote it, if it did recently (one
     /// round trip instead of two when nobody changed it since; a stale copy just fails the
     /// swap, and an error `change` finds in a copy is checked again on the record read anew).
-    pub(crate) fn update_inode(&self, ino: u64, mut change: impl FnMut(&mut Inode) -> Result<()>) -> Result<Inode> {
+    pub(crate) fn update_inode(&self, ino: u64, change: impl FnMut(&mut Inode) -> Result<()>) -> Result<Inode> {
+        self.update_inode_reading(ino, change, None).map(|(inode, _)| inode)
+    }
+
+    /// [`Fs::update_inode`], reading the data value `also` in the round trip of the first
+    /// swap (see [`crate::Kv::put_cond_reading`]): the value read, or `None` when it was not.
+    pub(crate) fn update_inode_reading(&self, ino: u64, mut change: impl FnMut(&mut Inode) -> Result<()>, mut also: Option<&[u8]>) -> Result<(Inode, crate::kv::AlsoRead)> {
         let key = self.keys.inode(ino);
         let mut recent = self.recent_inodes.lock().remove(&ino).map(|(inode, version, _)| (inode, version));
+        let mut read = None;
         for _ in 0..CAS_RETRIES_MAX {
             let (mut inode, version, from_copy) = match recent.take() {
                 Some((inode, version)) => (inode, version, true),
@@ -310,9 +317,17 @@ impl Fs {
                 Err(_) if from_copy => continue,
                 result => result?,
             }
-            if let Some(new_version) = self.kv.put_cond(&key, &inode.encode(), Cond::Version(version))? {
+            let written = match also.take() {
+                Some(also) => {
+                    let (written, value) = self.kv.put_cond_reading(&key, &inode.encode(), Cond::Version(version), also)?;
+                    read = value;
+                    written
+                }
+                None => self.kv.put_cond(&key, &inode.encode(), Cond::Version(version))?,
+            };
+            if let Some(new_version) = written {
                 self.remember_inode(&inode, new_version);
-                return Ok(inode);
+                return Ok((inode, read));
             }
         }
         Err(FsError::Io(format!("inode {ino}: too much contention")))

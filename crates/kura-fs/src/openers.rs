@@ -99,16 +99,19 @@ impl Fs {
     /// the file open too. A file that lost its last name before this (an unlink between the
     /// lookup and the open) is `NotFound`, unless this process already has it open (another
     /// instance, e.g. before an `exec` that kept the descriptor).
-    pub(crate) fn register_opener(&self, ino: u64) -> Result<(bool, bool)> {
-        self.register_opener_as(ino, false)
+    ///
+    /// `also`: a data value read in the round trip of the swap (see
+    /// [`Fs::update_inode_reading`]). Also returns the record as swapped in, and the value read.
+    pub(crate) fn register_opener(&self, ino: u64, also: Option<&[u8]>) -> Result<(bool, bool, (Inode, crate::kv::AlsoRead))> {
+        self.register_opener_as(ino, false, also)
     }
 
     /// `inherited`: the process got the file open from its parent (`fork`), which is recorded,
     /// so a file already without a name is registered too.
-    fn register_opener_as(&self, ino: u64, inherited: bool) -> Result<(bool, bool)> {
+    fn register_opener_as(&self, ino: u64, inherited: bool, also: Option<&[u8]>) -> Result<(bool, bool, (Inode, crate::kv::AlsoRead))> {
         let me = self.opener();
         let mut recorded = false;
-        let inode = self.update_inode(ino, |inode| {
+        let (inode, read) = self.update_inode_reading(ino, |inode| {
             if inode.nlink == 0 && !inherited && !inode.openers.iter().any(|o| same_process(o, &me)) {
                 return Err(FsError::NotFound);
             }
@@ -119,12 +122,12 @@ impl Fs {
                 recorded = true;
             }
             Ok(())
-        })?;
+        }, also)?;
         if !recorded {
             tracing::warn!(ino, openers_max = OPENERS_MAX, "too many processes have this file open: an unlink elsewhere will not wait for this one");
         }
         let elsewhere = !recorded || inode.openers.iter().any(|o| !same_process(o, &me));
-        Ok((recorded, elsewhere))
+        Ok((recorded, elsewhere, (inode, read)))
     }
 
     /// In the child of a `fork`: records this process in every file it inherited open (and
@@ -142,8 +145,8 @@ impl Fs {
             if !*registered {
                 continue;
             }
-            match self.register_opener_as(node.ino, true) {
-                Ok((recorded, _)) => *registered = recorded,
+            match self.register_opener_as(node.ino, true, None) {
+                Ok((recorded, _, _)) => *registered = recorded,
                 Err(FsError::NotFound) => *registered = false,
                 Err(e) => {
                     first_error.get_or_insert(e);

@@ -173,6 +173,35 @@ enum Op {
     Link(String, String),
 }
 
+/// A small file opened to be read (`Fs::open_node_reading`): the swap that records the opener
+/// and the read of the first chunk go out together, so the open and the first read cost one
+/// round trip; the close leaves the opener for a later batch. A plain open reads the chunk
+/// at the read, a second round trip.
+#[test]
+fn an_open_to_read_a_small_file_is_one_round_trip() {
+    let (_memcached, kv) = try_or_skip!(memcached_nodes(1).ok_or("no memcached"));
+    let writer = Fs::open(kv.clone(), named("counted"), ROOT).unwrap();
+    let (inode, created) = writer.create_open(ROOT_INO, b"small", 0o644, ROOT, true).unwrap();
+    assert!(created);
+    let node = writer.open_node_created(&inode).unwrap();
+    writer.write(&node, 0, b"some bytes", kura_fs::WriteMode::Buffered).unwrap();
+    writer.release(&node).unwrap();
+    for (reading, expected) in [(true, (0, 1)), (false, (1, 1))] {
+        let counted = Arc::new(Counted::new(kv.clone()));
+        let reader = Fs::open(counted.clone(), named("counted"), ROOT).unwrap();
+        let inode = reader.getattr(inode.ino).unwrap();
+        let (r0, w0) = counted.calls();
+        let node = if reading { reader.open_node_reading(&inode) } else { reader.open_node(&inode) }.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(reader.read(&node, 0, &mut buf).unwrap(), 10);
+        assert_eq!(&buf[..10], b"some bytes");
+        reader.release(&node).unwrap();
+        let (r1, w1) = counted.calls();
+        assert_eq!((r1 - r0, w1 - w0), expected, "open (reading: {reading}), read and close: (reads, writes)");
+        reader.leave_lingering().unwrap();
+    }
+}
+
 fn path_strategy() -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(vec!["a", "b", "c"]), 1..4).prop_map(|parts| parts.join("/"))
 }

@@ -624,6 +624,8 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     let node = match (is_dir, made) {
         (true, _) => None,
         (false, true) => Some(fs.open_node_created(&inode).map_err(fs_errno)?),
+        // To be read: a small file's first chunk comes with the swap that records the opener.
+        (false, false) if accmode != libc::O_WRONLY && flags & (libc::O_TRUNC | libc::O_DIRECT) == 0 => Some(fs.open_node_reading(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
         (false, false) => Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
     };
     let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, physical.as_deref().unwrap_or(abs)) {

@@ -49,6 +49,10 @@ impl Kv for Counted {
         self.write();
         self.inner.put_cond(key, value, cond)
     }
+    fn put_cond_reading(&self, key: &[u8], value: &[u8], cond: Cond, also: &[u8]) -> kura_fs::Result<(Option<u64>, kura_fs::kv::AlsoRead)> {
+        self.write();
+        self.inner.put_cond_reading(key, value, cond, also)
+    }
     fn write_many(&self, writes: &[WriteOp]) -> kura_fs::Result<Vec<Option<u64>>> {
         self.write();
         self.inner.write_many(writes)
