@@ -880,7 +880,16 @@ impl Fs {
     /// node's clean pages are dropped and its size reloaded at its next use.
     pub fn after_lock(&self, ino: u64) {
         let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
-        let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| !n.is_shared() && (n.ino == ino || n.inner.lock().opens > 0)).collect();
+        let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| n.ino == ino || n.inner.lock().opens > 0).collect();
+        {
+            // Under a lock no record this process read or wrote before it answers `fstat` (see
+            // `ns::ATTR_FRESH_US`): another process may have changed it just before the lock.
+            let mut recent = self.recent_inodes.lock();
+            for node in &nodes {
+                recent.remove(&node.ino);
+            }
+        }
+        let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| !n.is_shared()).collect();
         if nodes.is_empty() {
             return;
         }

@@ -21,6 +21,8 @@ const SEEDS: u32 = 120;
 const OPS_PER_SEED: u32 = 400;
 /// Fewer through FUSE: every operation is a round trip through the kernel (~2x slower).
 const FUSE_SEEDS: u32 = 60;
+/// Seeds of the two-process runs (each starts a second Python process under the preload).
+const TWO_PROCESS_SEEDS: u32 = 40;
 const MOUNT_TIMEOUT_S: u64 = 30;
 const POLL_INTERVAL_MS: u64 = 20;
 
@@ -226,6 +228,23 @@ fn random_operations_match_the_kernel() {
         "{SEEDS} seeds x {OPS_PER_SEED} operations ({FUSE_SEEDS} seeds through FUSE) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Two processes take turns at one seed's operations (`random_ops.py ... 2`), each with its
+/// own descriptors: what one changed, read, keeps open or closed must show in the other's
+/// next operation as on one kernel. Under the preload on a local kura server this crosses
+/// every cache between processes: the copies of records kept while the server's change log
+/// names no change to them, files closed but still recorded among their openers, a small
+/// file's first chunk read with the open's swap, files open in both (read and written through
+/// the pool), unlinks of files the other holds.
+#[test]
+fn two_processes_taking_turns_match_the_kernel() {
+    let (host_env, preload_env) = (Env::new(), Env::new());
+    let ops = |root: &Path| python("random_ops.py", root, &["0".into(), TWO_PROCESS_SEEDS.to_string(), OPS_PER_SEED.to_string(), "2".into()]);
+    let want = on_host(&host_env, ops);
+    assert_eq!(want.lines().count(), (TWO_PROCESS_SEEDS * OPS_PER_SEED) as usize);
+    assert!(want.lines().any(|l| l.split(' ').nth(2) == Some("B")) && want.lines().any(|l| l.split(' ').nth(2) == Some("A")));
+    compare("two processes under the preload", &want, &under_preload(&preload_env, ops), seed_and_op);
 }
 
 #[test]

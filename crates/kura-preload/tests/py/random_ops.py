@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Random file-system operations for a differential test (tests/random_ops.rs).
 
-    random_ops.py ROOT FIRST_SEED SEEDS OPS
+    random_ops.py ROOT FIRST_SEED SEEDS OPS [PROCESSES]
 
 For each seed in FIRST_SEED .. FIRST_SEED+SEEDS-1, makes ROOT/s<seed> and performs OPS random
 operations under it, printing one line per operation: "<seed> <index> <operation> = <result>",
@@ -11,14 +11,25 @@ file system that behaves like Linux's; the test compares kura's lines with the k
 
 The namespace is small (three names, paths up to three deep) so that operations collide: opens
 of directories, renames onto what exists, unlinks of open files, symlinks that dangle or loop.
+
+With PROCESSES 2, each seed's operations are shared by this process and a second one (a worker,
+run as `random_ops.py worker DIR SEED`), each with its own descriptors, taking turns in an
+order drawn from the seed, one operation at a time; each line says which one made it ("A" or
+"B"). What one process changed, read, holds open or closed shows in the other's next
+operation, as on one kernel, given what POSIX promises between processes that share a file:
+at a change of turns, the process whose turn ends takes and drops a POSIX lock on each file
+it holds open, and so does the one whose turn begins (as NFS clients do, kura writes a file
+back before a lock is dropped and looks at it again when one is taken).
 """
 
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
 import random
 import stat
+import subprocess
 import sys
 
 NAMES = ["a", "b", "c"]
@@ -522,16 +533,76 @@ def seek_data_hole(fd, offset, whence):
     return "hole ok" if offset <= got <= size else f"bad hole offset {got} (size {size})"
 
 
+def handoff(run):
+    """Takes and drops a POSIX lock on every regular file `run` holds open (see above)."""
+    for fd in sorted(set(run.slots.values())):
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+            fcntl.lockf(fd, (fcntl.LOCK_EX if writable else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass  # an O_PATH descriptor, a slot dup2 closed
+
+
+def worker(top, seed):
+    """The second process of a two-process run: "step" makes one operation (printed), "in"
+    and "out" hand the turn over (see `handoff`), anything else ends it."""
+    os.umask(0o022)
+    run = Run(top, seed)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "step":
+            print(run.step(), flush=True)
+        elif command in ("in", "out"):
+            handoff(run)
+            print("ok", flush=True)
+        else:
+            break
+    run.close_all()
+
+
 def main():
+    if sys.argv[1] == "worker":
+        worker(sys.argv[2], int(sys.argv[3]))
+        return
     root, first, seeds, ops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    processes = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     os.umask(0o022)
     out = sys.stdout
     for seed in range(first, first + seeds):
         top = os.path.join(root, f"s{seed}")
         os.mkdir(top)
         run = Run(top, seed)
-        for index in range(ops):
-            out.write(f"{seed} {index} {run.step()}\n")
+        if processes == 1:
+            for index in range(ops):
+                out.write(f"{seed} {index} {run.step()}\n")
+        else:
+            other = subprocess.Popen([sys.executable, __file__, "worker", top, str(seed + 1_000_000)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+            def ask(command):
+                other.stdin.write(command + "\n")
+                other.stdin.flush()
+                return other.stdout.readline().rstrip("\n")
+
+            turns = random.Random(-1 - seed)
+            last = "A"
+            for index in range(ops):
+                now = "A" if turns.random() < 0.5 else "B"
+                if now != last:
+                    if last == "A":
+                        handoff(run)
+                        ask("in")
+                    else:
+                        ask("out")
+                        handoff(run)
+                    last = now
+                line = "A " + run.step() if now == "A" else "B " + ask("step")
+                out.write(f"{seed} {index} {line}\n")
+            other.stdin.close()
+            if other.wait() != 0:
+                raise SystemExit(f"the second process of seed {seed} failed")
         run.close_all()
     out.flush()
 
