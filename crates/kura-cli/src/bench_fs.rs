@@ -101,8 +101,13 @@ pub struct FsBenchArgs {
     /// Skip the FUSE side (its fields are then null).
     #[arg(long)]
     skip_fuse: bool,
+    /// Files of the small-file phase (`tree_*` fields): a tree of this many 100-byte files in
+    /// 20 directories is made by one process, then walked, stated, read twice and removed by
+    /// another, on each side. 0 skips it.
+    #[arg(long, default_value_t = 1000)]
+    tree_files: u32,
     /// Also draw the results as PNG bar charts: this file (buffered and cached latencies)
-    /// and siblings `-direct.png`, `-osync.png`, `-iops.png` and `-stat.png`.
+    /// and siblings `-direct.png`, `-osync.png`, `-iops.png`, `-stat.png` and `-tree.png`.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Also write the JSON here.
@@ -168,6 +173,13 @@ const CASES: [Case; 9] = [
     Case { field: "stat_lat_us", label: "stat", rw: "read", bs_bytes: STAT_FILE_BYTES, direct: false, osync: false, warm: false, many_threads: false, unit: Unit::Us, stat: true },
 ];
 
+/// The small-file phase (see `--tree-files` and `bench_fs_tree.py`): its figures, as the
+/// script prints them (`tree_` and the side's prefix go before them in the JSON).
+const TREE_SCRIPT: &str = include_str!("bench_fs_tree.py");
+const TREE_FIGURES: [&str; 6] = ["create_us", "walk_ms", "stat_us", "read_us", "reread_us", "unlink_us"];
+/// The tree's directory on each side, beside the fio file.
+const TREE_DIR_NAME: &str = "tree";
+
 /// The JSON keys of one case on one side (`prefix` is "", "ext4_" or "fuse_").
 fn keys_of(case: &Case, prefix: &str) -> Vec<String> {
     match case.unit {
@@ -178,7 +190,9 @@ fn keys_of(case: &Case, prefix: &str) -> Vec<String> {
 
 /// Every figure key the JSON carries (kura's, ext4's, FUSE's).
 pub fn figure_keys() -> Vec<String> {
-    Side::ALL.iter().flat_map(|side| CASES.iter().flat_map(move |c| keys_of(c, side.prefix()))).collect()
+    let fio = Side::ALL.iter().flat_map(|side| CASES.iter().flat_map(move |c| keys_of(c, side.prefix())));
+    let tree = Side::ALL.iter().flat_map(|side| TREE_FIGURES.iter().map(move |f| format!("{}tree_{f}", side.prefix())));
+    fio.chain(tree).collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,6 +274,19 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     eprintln!("{} fio jobs in {:.0} s", CASES.len() * targets.len() * args.rounds as usize, started.elapsed().as_secs_f64());
+    if args.tree_files > 0 {
+        let bar = progress(targets.len() as u64 * u64::from(args.rounds), "small files");
+        for round in 0..args.rounds {
+            for &side in &targets {
+                bar.set_message(format!("{} {} files {}/{}", side.short(), args.tree_files, round + 1, args.rounds));
+                for (key, value) in run_tree(args, &sides, side).with_context(|| format!("the small-file phase on {}", side.label()))? {
+                    samples.entry(key).or_default().push(value);
+                }
+                bar.inc(1);
+            }
+        }
+        bar.finish_and_clear();
+    }
     let mut out = json!({
         "fio_version": fio_version,
         "ioengine": "psync",
@@ -271,6 +298,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         "statistic": if args.rounds > 1 { "median of rounds" } else { "one round" },
         "iops_threads": args.threads,
         "pool": args.pool.join(","),
+        "tree_files": args.tree_files,
         "kura_cache_mb": cache_mb(args),
         "kura_dirty_percent": kura_fs::DIRTY_PERCENT_DEFAULT,
         "ext4_anchor": sides.ext4_anchor,
@@ -534,9 +562,10 @@ fn cache_mb(args: &FsBenchArgs) -> u64 {
     })
 }
 
-/// Runs fio with `fio_args` on `side` and returns its JSON report.
-fn run_fio(args: &FsBenchArgs, sides: &Sides, side: Side, fio_args: &[String]) -> anyhow::Result<Value> {
-    let mut cmd = match side {
+/// `program` on `side`: under `kura fs run` on kura's data directory and pool for the
+/// preload side, as it is for ext4 and FUSE.
+fn command_on(args: &FsBenchArgs, sides: &Sides, side: Side, program: &str) -> anyhow::Result<Command> {
+    Ok(match side {
         Side::Kura => {
             let mut c = Command::new(std::env::current_exe()?);
             c.args(["fs", "run", "--fuse", "off", "--mount", KURA_MOUNT, "--data-dir"]).arg(&sides.kura_data).args(["--store-size", &args.store_size.0.to_string()]);
@@ -544,11 +573,16 @@ fn run_fio(args: &FsBenchArgs, sides: &Sides, side: Side, fio_args: &[String]) -
                 c.args(["--pool", url]);
             }
             c.args(["--cache-mb", &cache_mb(args).to_string()]);
-            c.args(["--", "fio"]);
+            c.args(["--", program]);
             c
         }
-        Side::Ext4 | Side::Fuse => Command::new("fio"),
-    };
+        Side::Ext4 | Side::Fuse => Command::new(program),
+    })
+}
+
+/// Runs fio with `fio_args` on `side` and returns its JSON report.
+fn run_fio(args: &FsBenchArgs, sides: &Sides, side: Side, fio_args: &[String]) -> anyhow::Result<Value> {
+    let mut cmd = command_on(args, sides, side, "fio")?;
     let out = cmd.args(fio_args).stdin(Stdio::null()).output().context("cannot run fio")?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
@@ -562,6 +596,32 @@ fn run_fio(args: &FsBenchArgs, sides: &Sides, side: Side, fio_args: &[String]) -
         }
     }
     Ok(report)
+}
+
+/// The small-file phase on `side`: `bench_fs_tree.py make`, then `use`, each a process of
+/// its own (under `kura fs run` for kura's side); the figures with their JSON keys.
+fn run_tree(args: &FsBenchArgs, sides: &Sides, side: Side) -> anyhow::Result<Vec<(String, f64)>> {
+    let root = match side {
+        Side::Kura => PathBuf::from(KURA_MOUNT).join(TREE_DIR_NAME),
+        Side::Ext4 => sides.ext4_file.with_file_name(TREE_DIR_NAME),
+        Side::Fuse => sides.fuse_file.as_ref().expect("FUSE side without a mount").with_file_name(TREE_DIR_NAME),
+    };
+    let mut figures = Vec::new();
+    for what in ["make", "use"] {
+        let out = command_on(args, sides, side, "python3")?
+            .args(["-c", TREE_SCRIPT, what]).arg(&root).arg(args.tree_files.to_string()).stdin(Stdio::null()).output().context("cannot run python3")?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("bench_fs_tree.py {what} failed ({}): {}{}", out.status, String::from_utf8_lossy(&out.stderr).trim(), tail(&stdout));
+        }
+        let line = stdout.lines().rev().find(|l| l.starts_with('{')).with_context(|| format!("no JSON from bench_fs_tree.py {what}: {}", tail(&stdout)))?;
+        let report: Value = serde_json::from_str(line).with_context(|| format!("bench_fs_tree.py {what}'s JSON: {line}"))?;
+        for (name, value) in report.as_object().context("not a JSON object")? {
+            let value = value.as_f64().with_context(|| format!("{name} is not a number"))?;
+            figures.push((format!("{}tree_{name}", side.prefix()), value));
+        }
+    }
+    Ok(figures)
 }
 
 fn tail(text: &str) -> String {
@@ -595,13 +655,12 @@ fn figures(case: &Case, side: Side, report: &Value) -> anyhow::Result<Vec<(Strin
 /// kura's and FUSE's figures over ext4's (latency: below 1 is better; IOPS: above 1).
 fn ratios(out: &Value) -> Value {
     let mut r = serde_json::Map::new();
-    for case in &CASES {
-        for key in keys_of(case, "") {
-            for side in [Side::Kura, Side::Fuse] {
-                let (a, b) = (out[format!("{}{key}", side.prefix())].as_f64(), out[format!("ext4_{key}")].as_f64());
-                let name = format!("{}{key}_vs_ext4", side.prefix());
-                r.insert(name, a.zip(b).map_or(Value::Null, |(a, b)| json!(a / b)));
-            }
+    let tree_keys = TREE_FIGURES.iter().map(|f| format!("tree_{f}"));
+    for key in CASES.iter().flat_map(|case| keys_of(case, "")).chain(tree_keys) {
+        for side in [Side::Kura, Side::Fuse] {
+            let (a, b) = (out[format!("{}{key}", side.prefix())].as_f64(), out[format!("ext4_{key}")].as_f64());
+            let name = format!("{}{key}_vs_ext4", side.prefix());
+            r.insert(name, a.zip(b).map_or(Value::Null, |(a, b)| json!(a / b)));
         }
     }
     Value::Object(r)
@@ -654,6 +713,17 @@ fn draw(path: &Path, out: &Value) -> anyhow::Result<()> {
             }
         }
         kura_bench::plot::bar_plot(&file, &title, y_label, &bars)?;
+    }
+    let mut bars = Vec::new();
+    for figure in TREE_FIGURES.iter().filter(|f| f.ends_with("_us")) {
+        for side in Side::ALL {
+            if let Some(v) = out[format!("{}tree_{figure}", side.prefix())].as_f64() {
+                bars.push((format!("{} {}", figure.trim_end_matches("_us"), side.short()), v));
+            }
+        }
+    }
+    if !bars.is_empty() {
+        kura_bench::plot::bar_plot(&sibling("tree"), "kura fs vs ext4, small files (100 B), per file", "mean time per file, us", &bars)?;
     }
     Ok(())
 }

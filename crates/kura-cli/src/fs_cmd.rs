@@ -489,8 +489,9 @@ fn mount(args: &MountArgs) -> anyhow::Result<()> {
         }
     }
     let result = serving.join().map_err(|_| anyhow::anyhow!("the FUSE server thread panicked"))?;
-    // What arrived after the signal, until the kernel ended the session.
-    let written = fs.writeback_all();
+    // What arrived after the signal, until the kernel ended the session (and, on an embedded
+    // store, made durable for the next process that opens it).
+    let written = fs.writeback_before_leaving();
     drop(lock);
     result.with_context(|| format!("FUSE mount at {}", args.mountpoint.display()))?;
     written.context("final write-back")

@@ -11,6 +11,8 @@ const RUN_SECONDS_MAX: u64 = 60;
 /// Figures every side reports (latencies as `_mean` and `_p99`).
 const LATENCY_FIELDS: [&str; 7] = ["write_64b_buffered_lat_ns", "write_4k_buffered_lat_ns", "write_4k_osync_lat_us", "read_4k_direct_lat_us", "write_4k_direct_lat_us", "read_4k_cached_lat_ns", "stat_lat_us"];
 const IOPS_FIELDS: [&str; 2] = ["randread_4k_iops", "randwrite_4k_iops"];
+/// The small-file phase's figures (per file, the walk per tree).
+const TREE_FIELDS: [&str; 6] = ["tree_create_us", "tree_walk_ms", "tree_stat_us", "tree_read_us", "tree_reread_us", "tree_unlink_us"];
 
 fn have(program: &str) -> bool {
     Command::new("sh").args(["-c", &format!("command -v {program}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
@@ -55,7 +57,7 @@ fn prints_json_with_every_field() {
     let json_path = dir.path().join("out/fs.json");
     let fuse = fuse_usable();
     let mut cmd = Command::new(&kura);
-    cmd.args(["bench", "fs", "--dir"]).arg(dir.path().join("run")).args(["--size", "2M", "--runtime-s", "0.3", "--store-size", "256M", "--json"]).arg(&json_path);
+    cmd.args(["bench", "fs", "--dir"]).arg(dir.path().join("run")).args(["--size", "2M", "--runtime-s", "0.3", "--store-size", "256M", "--tree-files", "40", "--json"]).arg(&json_path);
     if !fuse {
         cmd.arg("--skip-fuse");
     }
@@ -75,7 +77,7 @@ fn prints_json_with_every_field() {
                 assert!(v > 0.0, "{key} = {v}");
             }
         }
-        for field in IOPS_FIELDS {
+        for field in IOPS_FIELDS.iter().chain(&TREE_FIELDS) {
             let key = format!("{side}{field}");
             assert!(printed[&key].as_f64().is_some_and(|v| v > 0.0), "{key} missing or not positive in {printed:#}");
         }
@@ -84,6 +86,8 @@ fn prints_json_with_every_field() {
     assert!(printed["goals"].as_array().is_some_and(|g| g.len() == 6), "{printed:#}");
     assert!(printed["ratios"]["write_64b_buffered_lat_ns_mean_vs_ext4"].as_f64().is_some());
     assert!(printed["ratios"]["stat_lat_us_mean_vs_ext4"].as_f64().is_some());
+    assert!(printed["ratios"]["tree_read_us_vs_ext4"].as_f64().is_some());
+    assert_eq!(printed["tree_files"], 40);
     // The run cleans up after itself.
     assert!(!dir.path().join("run/kura").exists() && !dir.path().join("run/fuse-data").exists());
 }

@@ -1634,6 +1634,19 @@ impl Fs {
         first_error.and(self.leave_lingering())
     }
 
+    /// [`Fs::writeback_all`] before the process ends or `exec`s, and, when the pool's engine
+    /// lives in this process (an embedded pool), a flush: the engine's writes not yet durable
+    /// are in this process's memory only, and the next process to open the store would not
+    /// find them (files a program wrote and closed under `kura fs run --pool embedded` were
+    /// gone for the next run).
+    pub fn writeback_before_leaving(&self) -> Result<()> {
+        self.writeback_all()?;
+        if self.kv.in_process() {
+            self.kv.flush()?;
+        }
+        Ok(())
+    }
+
     /// [`Fs::writeback_all`] and a pool flush.
     pub fn sync_all(&self) -> Result<()> {
         self.writeback_all()?;

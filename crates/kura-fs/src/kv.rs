@@ -143,6 +143,12 @@ pub trait Kv: Send + Sync {
     fn delete_many(&self, keys: &[Vec<u8>]) -> Result<()>;
     /// A durability barrier over every write acknowledged before it.
     fn flush(&self) -> Result<()>;
+    /// Whether the store lives in this process (an embedded engine): what it was given and
+    /// not yet made durable ([`Kv::flush`]) is in this process's memory only, and gone for the
+    /// next process when this one ends.
+    fn in_process(&self) -> bool {
+        false
+    }
     /// The pool's room as its nodes report it (`statfs`); `None` when they cannot tell.
     fn space(&self) -> Result<Option<PoolSpace>> {
         Ok(None)
@@ -1091,6 +1097,10 @@ impl Kv for PoolKv {
             }
             first_error.map_or(Ok(()), |e| Err(e.into()))
         })
+    }
+
+    fn in_process(&self) -> bool {
+        self.engine.is_some()
     }
 
     fn flush(&self) -> Result<()> {

@@ -2940,7 +2940,7 @@ pub(crate) fn writeback_before_leaving() {
         {
             complain(&format!("libkura_fs: writing shared mappings back failed: errno {e}"));
         }
-        if let Err(e) = fs.writeback_all() {
+        if let Err(e) = fs.writeback_before_leaving() {
             complain(&format!("libkura_fs: write-back failed: {e}"));
         }
     }

@@ -281,7 +281,7 @@ fn write_back_for_exit() {
     }
     let _busy = state::Busy::enter();
     if let Some(fs) = state.fs_if_open()
-        && let Err(e) = fs.writeback_all()
+        && let Err(e) = fs.writeback_before_leaving()
     {
         complain(&format!("libkura_fs: write-back before the process ends failed: {e}"));
     }

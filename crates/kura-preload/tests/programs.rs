@@ -2086,6 +2086,25 @@ fn closed_files_are_left_in_one_batch_and_their_unlinks_wait_for_it() {
     assert_eq!(items(), baseline, "the unlinked file's record and chunks are gone once its last holder exited");
 }
 
+/// With the embedded pool (`--pool embedded`) the engine lives in the program's process (one
+/// at a time): what a program wrote and closed must be there for the next process that opens
+/// the store. The exit (and `exec`) makes the engine's writes durable; before, they were in
+/// the ended process's memory only, and the next process found no directory or file.
+#[test]
+fn an_embedded_pool_keeps_what_a_program_wrote_for_the_next_process() {
+    let env = Env::new();
+    let run = |script: &str| {
+        let out = env.command(&["--pool", "embedded"], &["sh", "-c", script]).output().expect("run kura fs run");
+        check(&out, &[script]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run("mkdir /kura/d");
+    run("echo hello > /kura/d/f");
+    run("python3 -c \"open('/kura/d/g', 'w').write('x' * 10000)\"");
+    assert_eq!(run("cat /kura/d/f"), "hello\n");
+    assert_eq!(run("cat /kura/d/g | wc -c"), "10000\n");
+}
+
 /// A process keeping copies of records (see the test above) whose server is killed with
 /// `kill -9` and started again on the same store reads afresh: the new server bumps the change
 /// count in the same file before it serves, so the copies go, and the change another process
