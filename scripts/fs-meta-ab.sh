@@ -12,6 +12,7 @@
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,11p "$0"; exit 2; }
 OLD=$(realpath "$1"); NEW=$(realpath "$2"); WORK=$(realpath -m "$3"); ROUNDS=${4:-3}
+SCRIPTS=$(dirname "$(realpath "$0")")
 mkdir -p "$WORK"; cd "$WORK"
 
 # The tree: 20 directories, each with a subdirectory of 50 small files (1,000 files).
@@ -29,19 +30,7 @@ for d in sorted(os.listdir(b)):
     for f in os.listdir(p):
         os.rename(os.path.join(p, f), os.path.join(p, f + ".r"))
 EOF
-cat > stat.py <<'EOF'
-import os, time, sys
-b = sys.argv[1]
-for p, what in [(b + "/d1/sub/f1.txt", "stat"), (b + "/d1/sub/f1.txt", "open+read+close"), (b + "/d1/sub/nope", "stat-missing")]:
-    n = 1000; t0 = time.perf_counter()
-    for i in range(n):
-        if what == "open+read+close":
-            fd = os.open(p, os.O_RDONLY); os.read(fd, 4096); os.close(fd)
-        else:
-            try: os.stat(p)
-            except FileNotFoundError: pass
-    print(f"{what:28} {(time.perf_counter() - t0) / n * 1e6:8.1f} us")
-EOF
+cp "$SCRIPTS/fs-stat-loop.py" stat.py
 cat > programs.sh <<'EOF'
 #!/bin/bash
 # programs.sh BASE WORK: each program timed once, under BASE (a kura path or an ext4 directory)

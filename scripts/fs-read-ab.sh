@@ -16,6 +16,7 @@
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
 OLD=$(realpath "$1"); NEW=$(realpath "$2"); WORK=$(realpath -m "$3"); ROUNDS=${4:-3}
+SCRIPTS=$(dirname "$(realpath "$0")")
 mkdir -p "$WORK"; cd "$WORK"
 
 cat > work.sh <<'EOS'
@@ -53,19 +54,7 @@ P="+writer " t du -s .
 touch $B.stop; wait
 rm -f $B.stop $B.log
 EOS
-cat > st.py <<'EOS'
-import os, time, sys
-b = sys.argv[1]
-for p, what in [(b+"/d1/sub/f1.txt", "stat"), (b+"/d1/sub/f1.txt", "open+read+close"), (b+"/d1/sub/nope", "stat-missing")]:
-    n = 1000; t0 = time.perf_counter()
-    for i in range(n):
-        if what == "open+read+close":
-            fd = os.open(p, os.O_RDONLY); os.read(fd, 4096); os.close(fd)
-        else:
-            try: os.stat(p)
-            except FileNotFoundError: pass
-    print(f"{what:28} {(time.perf_counter()-t0)/n*1e6:8.1f} us")
-EOS
+cp "$SCRIPTS/fs-stat-loop.py" st.py
 
 for r in $(seq 1 "$ROUNDS"); do
   for b in old new; do

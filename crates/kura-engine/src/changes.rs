@@ -40,9 +40,10 @@
 //! | 128 | heartbeat: `CLOCK_MONOTONIC` milliseconds |
 //! | 4096 + 8 × i | log entry i: key tag (48 bits) << 16 \| round (16 bits) |
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::mapped::MappedWords;
 
 /// "KURACHG1", little-endian.
 pub const CHANGES_MAGIC: u64 = u64::from_le_bytes(*b"KURACHG1");
@@ -102,48 +103,9 @@ pub fn monotonic_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
-/// A shared mapping of a changes file.
-struct Mapping {
-    words: *const AtomicU64,
-}
-
-// SAFETY: the mapping lives as long as the value (unmapped in Drop) and is only accessed
-// through atomics, so any thread may use it.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    fn map(file: &std::fs::File, writable: bool) -> std::io::Result<Self> {
-        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-        // SAFETY: a new shared mapping of CHANGES_FILE_BYTES of a file at least that long
-        // (checked by the callers); the result is checked before use.
-        let map = unsafe { libc::mmap(std::ptr::null_mut(), CHANGES_FILE_BYTES, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Self { words: map.cast::<AtomicU64>().cast_const() })
-    }
-
-    fn word(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at * 8 < CHANGES_FILE_BYTES);
-        // SAFETY: every word index used is inside the page-aligned mapping of
-        // CHANGES_FILE_BYTES, which outlives `self`; AtomicU64 has u64's size and alignment.
-        // A read-only mapping is only loaded from (`ChangeView` never stores).
-        unsafe { &*self.words.add(at) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, not used after this.
-        unsafe { libc::munmap(self.words.cast_mut().cast(), CHANGES_FILE_BYTES) };
-    }
-}
-
 /// The server's side: the counter it bumps and the heartbeat it renews.
 pub struct ChangeFile {
-    map: Mapping,
+    map: MappedWords,
     path: PathBuf,
     instance_id: u64,
 }
@@ -163,7 +125,7 @@ impl ChangeFile {
         if file.metadata()?.len() != CHANGES_FILE_BYTES as u64 {
             file.set_len(CHANGES_FILE_BYTES as u64)?;
         }
-        let map = Mapping::map(&file, true)?;
+        let map = MappedWords::map(&file, CHANGES_FILE_BYTES / 8, true)?;
         // Holders of an earlier server's mapping see a change before they see the new
         // instance (either makes them read again).
         let changes = Self { map, path: path.to_owned(), instance_id };
@@ -210,7 +172,7 @@ impl ChangeFile {
 
 /// A client's read-only view of a server's changes file.
 pub struct ChangeView {
-    map: Mapping,
+    map: MappedWords,
     instance_id: u64,
     path: PathBuf,
 }
@@ -231,7 +193,8 @@ impl ChangeView {
         if file.metadata()?.len() != CHANGES_FILE_BYTES as u64 {
             return Err(invalid("not a kura changes file (its size)"));
         }
-        let map = Mapping::map(&file, false)?;
+        // Read only: a view never stores.
+        let map = MappedWords::map(&file, CHANGES_FILE_BYTES / 8, false)?;
         if map.word(WORD_MAGIC).load(Ordering::Acquire) != CHANGES_MAGIC || map.word(WORD_VERSION).load(Ordering::Acquire) != CHANGES_FORMAT_VERSION {
             return Err(invalid("not a kura changes file of this version"));
         }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod format;
 pub mod hash;
 pub mod journal;
+pub mod mapped;
 pub mod stats;
 
 pub use aligned::{AlignedBuf, ReadBuffers};

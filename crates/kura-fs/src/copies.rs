@@ -25,6 +25,8 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use kura_engine::mapped::MappedWords;
+
 use crate::kv::Versioned;
 
 /// The table's layout, in its file's name (see [`shared_copies_file_name`]): a change of
@@ -78,28 +80,10 @@ pub const SLOT_PAYLOAD_BYTES_MAX: usize = (SLOT_WORDS - WORD_PAYLOAD) * 8;
 const PRESENT: u64 = 1 << 63;
 
 /// The shared table, mapped.
+#[derive(Debug)]
 pub struct SharedCopies {
-    words: *const AtomicU64,
+    words: MappedWords,
     slots: usize,
-}
-
-// SAFETY: the mapping lives as long as the value (unmapped in Drop) and is only accessed
-// through atomics, so any thread may use it.
-unsafe impl Send for SharedCopies {}
-// SAFETY: as above.
-unsafe impl Sync for SharedCopies {}
-
-impl std::fmt::Debug for SharedCopies {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedCopies").field("slots", &self.slots).finish()
-    }
-}
-
-impl Drop for SharedCopies {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, of this length, not used after this.
-        unsafe { libc::munmap(self.words.cast_mut().cast(), self.slots * SLOT_WORDS * 8) };
-    }
 }
 
 /// Removes this user's tables in `dir` (other than `keep`) that no process opened for
@@ -132,7 +116,6 @@ impl SharedCopies {
     /// holds is taken as the pool's records (a file another user made at this name in the
     /// shared lock directory could otherwise feed this user's programs any metadata).
     pub fn open(path: &Path, slots: usize) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         if let Some(dir) = path.parent().filter(|d| !d.exists()) {
             // Shared by the host's users, each with files of their own (sticky, as /tmp; set
@@ -158,21 +141,11 @@ impl SharedCopies {
         if meta.len() < len_bytes as u64 {
             file.set_len(len_bytes as u64)?;
         }
-        // SAFETY: a new shared mapping of `len_bytes` bytes of a file at least that long; the
-        // result is checked before use.
-        let map = unsafe { libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Self { words: map.cast::<AtomicU64>().cast_const(), slots })
+        Ok(Self { words: MappedWords::map(&file, slots * SLOT_WORDS, true)?, slots })
     }
 
     fn slot(&self, at: usize) -> &[AtomicU64] {
-        debug_assert!(at < self.slots);
-        // SAFETY: `at` is below `slots`, so the slot's words are inside the mapping, which
-        // outlives `self`; AtomicU64 has the size and alignment of u64, and the page-aligned
-        // mapping keeps every word aligned.
-        unsafe { std::slice::from_raw_parts(self.words.add(at * SLOT_WORDS), SLOT_WORDS) }
+        self.words.words(at * SLOT_WORDS, SLOT_WORDS)
     }
 
     fn hash(key: &[u8]) -> u64 {

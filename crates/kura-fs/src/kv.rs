@@ -627,21 +627,15 @@ impl PoolKv {
         }
     }
 
-    /// The pool's change counters and logs while copies of metadata records may be trusted,
-    /// `None` otherwise (see [`Changes`]). `discover`: count this as a metadata read and look
-    /// for the counters when it is time.
+    /// The pool's change counters and logs once found, `None` otherwise (see [`Changes`]);
+    /// their users load the counters, and a counter not trusted ends them
+    /// ([`PoolKv::distrust`]). `discover`: count this as a metadata read and look for the
+    /// counters when it is time.
     fn change_log(&self, discover: bool) -> Option<std::sync::Arc<Vec<kura_engine::changes::ChangeView>>> {
         let changes = self.changes.as_ref()?;
         let mut state = changes.lock();
         let look = match &mut *state {
-            Changes::Views(views) => {
-                if views.counters().is_none() {
-                    tracing::debug!("a server's change counter is no longer trusted (restarted, stopped or silent); not keeping copies of records");
-                    *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
-                    return None;
-                }
-                return Some(std::sync::Arc::clone(views));
-            }
+            Changes::Views(views) => return Some(std::sync::Arc::clone(views)),
             Changes::Unknown { reads } => {
                 *reads += u32::from(discover);
                 discover && *reads > CHANGES_DISCOVER_AFTER_READS
@@ -691,6 +685,20 @@ impl PoolKv {
         Some(views)
     }
 
+    /// A counter of `log` is no longer trusted (its server restarted, stopped or went
+    /// silent): no copies until the next look, [`CHANGES_RETRY_MS`] later (unless another
+    /// thread found the counters anew meanwhile).
+    fn distrust(&self, log: &std::sync::Arc<Vec<kura_engine::changes::ChangeView>>) {
+        let Some(changes) = self.changes.as_ref() else {
+            return;
+        };
+        let mut state = changes.lock();
+        if matches!(&*state, Changes::Views(views) if std::sync::Arc::ptr_eq(views, log)) {
+            tracing::debug!("a server's change counter is no longer trusted (restarted, stopped or silent); not keeping copies of records");
+            *state = Changes::Unavailable { retry_at_ms: kura_engine::changes::monotonic_ms() + CHANGES_RETRY_MS };
+        }
+    }
+
     /// Networked pool: `keys`' records, from the copies current now where there are, the
     /// others through `fetch` (given the missing keys, in order), then kept.
     fn through_copies(&self, keys: &[Vec<u8>], fetch: impl FnOnce(&[Vec<u8>]) -> Result<Vec<Versioned>>) -> Result<Vec<Versioned>> {
@@ -698,6 +706,7 @@ impl PoolKv {
             return fetch(keys);
         };
         let Some((mut held, from)) = self.meta_cache.get_many_now(keys, &log[..]) else {
+            self.distrust(&log);
             return fetch(keys);
         };
         if held.iter().any(Option::is_none) {
@@ -763,10 +772,11 @@ impl PoolKv {
     /// known) — of the keys no one else changed meanwhile (see [`MetaCache::keep`]): a
     /// process that writes a directory it lists keeps its copies of it.
     fn writing<'k, T>(&self, write: impl FnOnce() -> Result<T>, changed: impl FnOnce(&T) -> Option<Vec<(&'k [u8], Option<Versioned>)>>) -> Result<T> {
-        let Some((log, before)) = self.change_log(false).and_then(|log| {
-            let before = log.counters()?;
-            Some((log, before))
-        }) else {
+        let Some(log) = self.change_log(false) else {
+            return write();
+        };
+        let Some(before) = log.counters() else {
+            self.distrust(&log);
             return write();
         };
         let outcome = write()?;

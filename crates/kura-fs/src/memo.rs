@@ -15,6 +15,8 @@ use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kura_engine::mapped::MappedWords;
+
 use crate::kv::Versioned;
 use crate::layout::DirEntry;
 use crate::sync::Mutex;
@@ -118,27 +120,15 @@ impl NameMemo {
 /// prediction, which a walk detects like any other (module documentation): the table holds
 /// hints, never answers, and its contents cannot make a walk return anything else. A slot
 /// is `[hash of (directory, name), inode, type]`, the hash never 0 (0: an empty slot).
+#[derive(Debug)]
 pub struct SharedNames {
-    words: *const AtomicU64,
+    words: MappedWords,
     slots: usize,
-}
-
-// SAFETY: the mapping lives as long as the value (unmapped in Drop) and is only accessed
-// through atomics, so any thread may use it.
-unsafe impl Send for SharedNames {}
-// SAFETY: as above.
-unsafe impl Sync for SharedNames {}
-
-impl std::fmt::Debug for SharedNames {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedNames").field("slots", &self.slots).finish()
-    }
 }
 
 impl SharedNames {
     /// Maps the table at `path`, making it (mode 0600) or growing it to `slots` slots first.
     pub fn open(path: &Path, slots: usize) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         if let Some(dir) = path.parent().filter(|d| !d.exists()) {
             // Shared by the host's users, as the preload's lock directory it is (sticky).
@@ -149,13 +139,7 @@ impl SharedNames {
         if file.metadata()?.len() < len_bytes as u64 {
             file.set_len(len_bytes as u64)?;
         }
-        // SAFETY: a new shared mapping of `len_bytes` bytes of a file at least that long; the
-        // result is checked before use.
-        let map = unsafe { libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Self { words: map.cast::<AtomicU64>().cast_const(), slots })
+        Ok(Self { words: MappedWords::map(&file, slots * SHARED_NAMES_WORDS_PER_SLOT, true)?, slots })
     }
 
     fn hash(dir: u64, name: &[u8]) -> u64 {
@@ -164,11 +148,7 @@ impl SharedNames {
 
     /// The three words of slot `at`.
     fn slot(&self, at: usize) -> &[AtomicU64] {
-        debug_assert!(at < self.slots);
-        // SAFETY: `at` is below `slots`, so the three words are inside the mapping, which
-        // outlives `self`; AtomicU64 has the size and alignment of u64, and the page-aligned
-        // mapping keeps every word aligned.
-        unsafe { std::slice::from_raw_parts(self.words.add(at * SHARED_NAMES_WORDS_PER_SLOT), SHARED_NAMES_WORDS_PER_SLOT) }
+        self.words.words(at * SHARED_NAMES_WORDS_PER_SLOT, SHARED_NAMES_WORDS_PER_SLOT)
     }
 
     fn get(&self, dir: u64, name: &[u8]) -> Option<(u64, u8)> {
@@ -213,13 +193,6 @@ impl SharedNames {
                 let _ = slot[0].compare_exchange(hash, 0, Ordering::Relaxed, Ordering::Relaxed);
             }
         }
-    }
-}
-
-impl Drop for SharedNames {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, of this length, unmapped once.
-        unsafe { libc::munmap(self.words.cast_mut().cast(), self.slots * SHARED_NAMES_WORDS_PER_SLOT * 8) };
     }
 }
 

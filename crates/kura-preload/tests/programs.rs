@@ -1928,8 +1928,28 @@ fn small_kura_server(env: &Env) -> (kura_testkit::ChildGuard, u16) {
 
 /// Runs the Python `script` under the preload on the kura server at `port`; it must succeed.
 fn python_on(env: &Env, port: u16, script: &str) {
-    let out = env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", script]).output().expect("run kura fs run");
+    let out = python_command_on(env, port, script).output().expect("run kura fs run");
     check(&out, &[script]);
+}
+
+fn python_command_on(env: &Env, port: u16, script: &str) -> std::process::Command {
+    env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", script])
+}
+
+/// [`python_on`], and the requests the kura server at `port` counted meanwhile.
+fn requests_of(env: &Env, port: u16, script: &str) -> u64 {
+    let before = server_requests(port);
+    python_on(env, port, script);
+    server_requests(port) - before
+}
+
+/// The Python `script` started under the preload on the kura server at `port`, its standard
+/// input and output piped (a process kept running between the test's steps), and the lines
+/// it prints.
+fn python_child_on(env: &Env, port: u16, script: &str) -> (std::process::Child, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+    let mut child = python_command_on(env, port, script).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start kura fs run");
+    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    (child, lines)
 }
 
 /// The command of [`small_kura_server`] on `port`.
@@ -1961,11 +1981,7 @@ fn fstat_after_open_sends_the_pool_nothing() {
     run("open('/kura/f', 'w').write('hello')");
     let plain = "import os; fd = os.open('/kura/f', os.O_RDONLY); os.close(fd)";
     let with_fstat = "import os; fd = os.open('/kura/f', os.O_RDONLY); s = os.fstat(fd); assert s.st_size == 5, s; os.close(fd)";
-    let requests_of = |script: &str| {
-        let before = server_requests(port);
-        run(script);
-        server_requests(port) - before
-    };
+    let requests_of = |script: &str| requests_of(&env, port, script);
     // Each once to settle, then alternated: the fewest of each (a slow machine may pass the
     // millisecond between open and fstat now and then).
     requests_of(plain);
@@ -1990,11 +2006,7 @@ fn repeated_stats_send_the_pool_nothing_while_nothing_changes() {
     let run = |script: &str| python_on(&env, port, script);
     run("import os; os.makedirs('/kura/d/e'); open('/kura/d/e/f', 'w').write('hello')");
     let stats = |n: usize| format!("import os\nfor _ in range({n}): assert os.stat('/kura/d/e/f').st_size == 5\nassert not os.path.exists('/kura/d/e/g')");
-    let requests_of = |script: &str| {
-        let before = server_requests(port);
-        run(script);
-        server_requests(port) - before
-    };
+    let requests_of = |script: &str| requests_of(&env, port, script);
     let (few, many) = (stats(40), stats(1040));
     let (mut few_min, mut many_min) = (u64::MAX, u64::MAX);
     for _ in 0..3 {
@@ -2027,8 +2039,7 @@ fn copies_stay_while_another_process_changes_other_files() {
     run("import os; os.makedirs('/kura/d'); os.makedirs('/kura/other'); open('/kura/log', 'w')\nfor i in range(20): open(f'/kura/d/f{i}', 'w').write('x')");
     let stat_all = "names = [f'/kura/d/f{i}' for i in range(20)]\nfor _ in range(50):\n    for n in names: assert os.stat(n).st_size == 1\n";
     let watcher = format!("import os, sys\n{stat_all}print('ready', flush=True)\nsys.stdin.readline()\n{stat_all}print(os.stat('/kura/log').st_size, flush=True)\nsys.stdin.readline()");
-    let mut child = env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", &watcher]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = python_child_on(&env, port, &watcher);
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
     run("import os\nf = open('/kura/log', 'a')\nfor i in range(100):\n    f.write('x'); f.flush()\n    open(f'/kura/other/t{i}', 'w').close(); os.unlink(f'/kura/other/t{i}')");
     let before = server_requests(port);
@@ -2039,9 +2050,7 @@ fn copies_stay_while_another_process_changes_other_files() {
     check(&child.wait_with_output().unwrap(), &["watcher"]);
     println!("the watcher's 1,000 stats and the log's stat after the writer: {watcher_requests} requests");
     assert!(watcher_requests <= 3, "the watcher asked the pool {watcher_requests} times after others changed other files");
-    let before = server_requests(port);
-    run(&format!("import os\n{stat_all}"));
-    let fresh_requests = server_requests(port) - before;
+    let fresh_requests = requests_of(&env, port, &format!("import os\n{stat_all}"));
     println!("a new process stating the 20 files: {fresh_requests} requests");
     assert!(fresh_requests <= 3, "a new process asked the pool {fresh_requests} times for files others had read");
 }
@@ -2058,11 +2067,7 @@ fn closed_files_are_left_in_one_batch_and_their_unlinks_wait_for_it() {
     let run = |script: &str| python_on(&env, port, script);
     run("open('/kura/f', 'w').write('hello')");
     let reads = |n: usize| format!("import os\nfor _ in range({n}):\n    fd = os.open('/kura/f', os.O_RDONLY); assert os.read(fd, 10) == b'hello'; os.close(fd)");
-    let requests_of = |script: &str| {
-        let before = server_requests(port);
-        run(script);
-        server_requests(port) - before
-    };
+    let requests_of = |script: &str| requests_of(&env, port, script);
     let one = (0..3).map(|_| requests_of(&reads(1))).min().unwrap();
     let hundred = (0..3).map(|_| requests_of(&reads(100))).min().unwrap();
     println!("1 open, read and close: {one} requests; 100: {hundred}");
@@ -2073,8 +2078,7 @@ fn closed_files_are_left_in_one_batch_and_their_unlinks_wait_for_it() {
     let with_g = items();
     assert!(with_g > baseline + 2, "the file's chunks are in the pool ({baseline} -> {with_g})");
     let holder = "import os, sys\nfd = os.open('/kura/g', os.O_RDONLY); assert len(os.read(fd, 300000)) == 300000; os.close(fd)\nprint('closed', flush=True)\nsys.stdin.readline()";
-    let mut child = env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", holder]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = python_child_on(&env, port, holder);
     assert_eq!(lines.next().unwrap().unwrap(), "closed");
     run("import os; os.unlink('/kura/g'); assert not os.path.exists('/kura/g')");
     writeln!(child.stdin.as_mut().unwrap(), "exit").unwrap();
@@ -2116,8 +2120,7 @@ fn copies_go_when_their_server_is_killed_and_started_again() {
     let run = |script: &str| python_on(&env, port, script);
     run("open('/kura/f', 'w').write('first')");
     let watcher = "import os, sys\nfor _ in range(200): os.stat('/kura/f')\nprint('ready', flush=True)\nsys.stdin.readline()\nprint(os.stat('/kura/f').st_size, open('/kura/f').read(), flush=True)";
-    let mut child = env.command(&["--pool", &format!("kura://127.0.0.1:{port}")], &["python3", "-c", watcher]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = python_child_on(&env, port, watcher);
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
     drop(server);
     let _server = kura_testkit::ChildGuard::spawn("kura serve again", &mut small_kura_server_command(&env, port)).unwrap();
