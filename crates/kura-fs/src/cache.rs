@@ -600,18 +600,29 @@ impl Fs {
         }
         let me = self.opener();
         let keys: Vec<Vec<u8>> = held.iter().map(|(node, _)| self.keys.inode(node.ino)).collect();
-        let records = self.kv.get_versioned_many(&keys)?;
-        let mut left: Vec<Option<(Inode, Vec<u8>, u64)>> = Vec::with_capacity(held.len());
-        for (key, record) in keys.iter().zip(records) {
-            left.push(self.decode_inode(key, record)?.map(|(mut inode, version)| {
-                Self::leave_openers(&mut inode, &me);
-                let encoded = inode.encode();
-                (inode, encoded, version)
-            }));
-        }
-        let writes: Vec<crate::kv::WriteOp> =
-            keys.iter().zip(&left).filter_map(|(key, left)| left.as_ref().map(|(_, encoded, version)| crate::kv::WriteOp::Put(key, encoded, crate::kv::Cond::Version(*version)))).collect();
-        let mut outcomes = self.kv.write_many(&writes)?.into_iter();
+        let swapped = (|| {
+            let mut left: Vec<Option<(Inode, Vec<u8>, u64)>> = Vec::with_capacity(keys.len());
+            for (key, record) in keys.iter().zip(self.kv.get_versioned_many(&keys)?) {
+                left.push(self.decode_inode(key, record)?.map(|(mut inode, version)| {
+                    Self::leave_openers(&mut inode, &me);
+                    let encoded = inode.encode();
+                    (inode, encoded, version)
+                }));
+            }
+            let writes: Vec<crate::kv::WriteOp> =
+                keys.iter().zip(&left).filter_map(|(key, left)| left.as_ref().map(|(_, encoded, version)| crate::kv::WriteOp::Put(key, encoded, crate::kv::Cond::Version(*version)))).collect();
+            let outcomes = self.kv.write_many(&writes)?;
+            Ok((left, outcomes))
+        })();
+        let (left, outcomes) = match swapped {
+            Ok(swapped) => swapped,
+            Err(e) => {
+                // Still recorded: left at the next batch.
+                self.cache.lingering.lock().extend(held.iter().map(|(node, _)| node.ino));
+                return Err(e);
+            }
+        };
+        let mut outcomes = outcomes.into_iter();
         let mut first_error = Ok(());
         for ((node, registered), left) in held.iter_mut().zip(left) {
             let outcome = match left {
