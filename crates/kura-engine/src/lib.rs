@@ -20,6 +20,7 @@ pub mod format;
 pub mod hash;
 pub mod journal;
 pub mod mapped;
+pub mod spin;
 pub mod stats;
 
 pub use aligned::{AlignedBuf, ReadBuffers};

@@ -831,7 +831,7 @@ impl PoolKv {
     /// [`PoolKv::with_meta`] for a node named directly.
     fn with_meta_node<T>(&self, node: &NodeSpec, f: impl FnOnce(&mut SideConn) -> Result<T>) -> Result<T> {
         let id = format!("{:?}/{}", node.backend, node.addrs[0]);
-        let value_max = self.pool.config().value_size_max_bytes;
+        let (value_max, spin) = (self.pool.config().value_size_max_bytes, self.pool.config().poll_spin);
         let pid = crate::process_id();
         let mut f = Some(f);
         let cached = META_CONNS.try_with(|cell| {
@@ -848,7 +848,7 @@ impl PoolKv {
                 conns.remove(&id);
             }
             if !conns.contains_key(&id) {
-                conns.insert(id.clone(), (pid, SideConn::connect(node, value_max)?));
+                conns.insert(id.clone(), (pid, SideConn::connect(node, value_max, spin)?));
             }
             let result = (f.take().expect("called once"))(&mut conns.get_mut(&id).expect("inserted").1);
             if matches!(result, Err(FsError::Io(_))) {
@@ -858,7 +858,7 @@ impl PoolKv {
         });
         match cached {
             Ok(result) => result,
-            Err(_) => (f.take().expect("not called"))(&mut SideConn::connect(node, value_max)?),
+            Err(_) => (f.take().expect("not called"))(&mut SideConn::connect(node, value_max, spin)?),
         }
     }
 }
@@ -1163,7 +1163,7 @@ impl SideConn {
                 if !c.reader.buffer().is_empty() {
                     return true;
                 }
-                c.reader.get_ref()
+                c.reader.get_ref().get_ref()
             }
             SideConn::Redis(c) => c.stream(),
         };
@@ -1179,12 +1179,13 @@ impl SideConn {
     }
 
     /// `value_max`: the pool's value limit (a Redis metadata value, version included, stays
-    /// within it, so that the pool's own connections can read it too).
-    fn connect(node: &NodeSpec, value_max: usize) -> Result<Self> {
+    /// within it, so that the pool's own connections can read it too); `spin`: how long a
+    /// wait for a reply looks for it before sleeping (the pool's `poll_spin`).
+    fn connect(node: &NodeSpec, value_max: usize, spin: Duration) -> Result<Self> {
         let addr = &node.addrs[0];
         Ok(match node.backend {
-            Backend::Redis => SideConn::Redis(RespConn::connect(addr, value_max)?),
-            _ => SideConn::Memcache(MetaConn::connect(addr, node.backend == Backend::Kura)?),
+            Backend::Redis => SideConn::Redis(RespConn::connect(addr, value_max, spin)?),
+            _ => SideConn::Memcache(MetaConn::connect(addr, node.backend == Backend::Kura, spin)?),
         })
     }
 
@@ -1297,7 +1298,7 @@ fn connect_stream(addr: &str) -> Result<TcpStream> {
 
 /// One blocking memcached meta-protocol connection, for compare-and-swap.
 struct MetaConn {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<kura_pool::fd::SpinningReader<TcpStream>>,
     writer: TcpStream,
     line: String,
     node: String,
@@ -1310,11 +1311,11 @@ struct MetaConn {
 
 impl MetaConn {
     /// `ask_changes`: the node is a kura server, whose change counter is asked for with the
-    /// first request.
-    fn connect(addr: &str, ask_changes: bool) -> Result<Self> {
+    /// first request; `spin`: how long a wait for a reply looks for it before sleeping.
+    fn connect(addr: &str, ask_changes: bool, spin: Duration) -> Result<Self> {
         let stream = connect_stream(addr)?;
         let writer = kura_pool::fd::keep_high(stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?);
-        Ok(Self { reader: BufReader::new(stream), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None })
+        Ok(Self { reader: BufReader::new(kura_pool::fd::SpinningReader::new(stream, spin)), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None })
     }
 
     fn io(&self, e: std::io::Error) -> FsError {

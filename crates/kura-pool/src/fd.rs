@@ -82,6 +82,66 @@ impl Epoll {
     }
 }
 
+/// Reads of a blocking socket that first look for data without sleeping, for up to `spin`
+/// (see [`kura_engine::spin`]), and only then sleep in the kernel's blocking read.
+pub struct SpinningReader<S> {
+    stream: S,
+    spin: Duration,
+}
+
+impl<S: io::Read + AsRawFd> SpinningReader<S> {
+    /// `spin` zero: plain blocking reads.
+    pub fn new(stream: S, spin: Duration) -> Self {
+        Self { stream, spin }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+}
+
+impl<S: io::Read + AsRawFd> io::Read for SpinningReader<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(n) = recv_spinning(self.stream.as_raw_fd(), buf, self.spin)? {
+            return Ok(n);
+        }
+        self.stream.read(buf)
+    }
+}
+
+/// Looks for data on socket `fd` without blocking for up to `spin` (yielding the CPU between
+/// looks, and giving up early when it is wanted: [`kura_engine::spin::Spin`]): `Some(bytes
+/// read)` (0: end of stream), or `None` when none came in time. `errno`
+/// is left as it was (the host program of the file system's preload reads it).
+pub fn recv_spinning(fd: RawFd, buf: &mut [u8], spin: Duration) -> io::Result<Option<usize>> {
+    if spin.is_zero() || buf.is_empty() {
+        return Ok(None);
+    }
+    // SAFETY: __errno_location is the calling thread's errno, valid while the thread lives.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: as above.
+    let saved = unsafe { *errno };
+    let mut spinning = kura_engine::spin::Spin::new(spin);
+    let result = loop {
+        // SAFETY: a receive into `buf`, which is valid for its length and lives across the
+        // call; MSG_DONTWAIT makes it return at once when nothing is there.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            break Ok(Some(n as usize));
+        }
+        let error = io::Error::last_os_error();
+        if !matches!(error.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) {
+            break Err(error);
+        }
+        if !spinning.go_on() {
+            break Ok(None);
+        }
+    };
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+    result
+}
+
 /// What an event says, read out of the kernel's packed struct.
 pub(crate) fn ready(event: &libc::epoll_event) -> Ready {
     let (flags, token) = (event.events as libc::c_int, event.u64);
@@ -118,5 +178,40 @@ mod tests {
         let b = keep_high(OwnedFd::from(b));
         assert!(b.as_raw_fd() >= high_base());
         assert!(a.as_raw_fd() < high_base());
+    }
+
+    #[test]
+    fn a_spinning_reader_reads_what_is_there_what_comes_later_and_the_end() {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut reader = SpinningReader::new(b, Duration::from_micros(200));
+        let mut buf = [0u8; 16];
+        // Already there: taken while spinning.
+        a.write_all(b"now").unwrap();
+        assert_eq!(recv_spinning(reader.get_ref().as_raw_fd(), &mut buf, Duration::from_micros(200)).unwrap(), Some(3));
+        assert_eq!(&buf[..3], b"now");
+        // Nothing comes within the spin: `None`, and errno is what it was.
+        // SAFETY: the calling thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOENT };
+        assert_eq!(recv_spinning(reader.get_ref().as_raw_fd(), &mut buf, Duration::from_micros(200)).unwrap(), None);
+        // SAFETY: as above.
+        assert_eq!(unsafe { *libc::__errno_location() }, libc::ENOENT);
+        // Data that comes long after the spin: the blocking read gets it.
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            a.write_all(b"later").unwrap();
+            a
+        });
+        let n = reader.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"later");
+        // The end of the stream is a read of 0 bytes, whether seen spinning or blocked.
+        drop(writer.join().unwrap());
+        assert_eq!(reader.read(&mut buf).unwrap(), 0);
+        // Spin zero: a plain blocking read.
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut plain = SpinningReader::new(b, Duration::ZERO);
+        a.write_all(b"x").unwrap();
+        assert_eq!(plain.read(&mut buf).unwrap(), 1);
     }
 }

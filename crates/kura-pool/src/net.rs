@@ -516,7 +516,11 @@ impl NetContext {
                 wake = wake.min(until);
             }
             self.sink.stats.polls += 1;
-            match self.poll.wait(&mut self.events, Some(wake.saturating_duration_since(now))) {
+            // Look for the replies without sleeping for a while first (`poll_spin`): waking
+            // a sleeping thread is most of a round trip on a virtual machine.
+            let spun = self.spin_for_events(wake);
+            let waited = if spun { Ok(()) } else { self.poll.wait(&mut self.events, Some(wake.saturating_duration_since(Instant::now()))) };
+            match waited {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.into()),
@@ -550,6 +554,28 @@ impl NetContext {
             }
         }
         Ok(self.sink.delivered)
+    }
+
+    /// Polls without sleeping, yielding the CPU between looks, until an event comes (`true`,
+    /// in `self.events`), or `false` when `poll_spin` has passed, `wake` has come or the CPU
+    /// is wanted (see [`kura_engine::spin`]).
+    fn spin_for_events(&mut self, wake: Instant) -> bool {
+        let spin = self.shared.config.poll_spin;
+        if spin.is_zero() {
+            return false;
+        }
+        let mut spin = kura_engine::spin::Spin::new(spin);
+        loop {
+            match self.poll.wait(&mut self.events, Some(Duration::ZERO)) {
+                Ok(()) if !self.events.is_empty() => return true,
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+            if Instant::now() >= wake || !spin.go_on() {
+                return false;
+            }
+        }
     }
 
     /// The earliest request deadline, retry or refresh.

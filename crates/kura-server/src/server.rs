@@ -339,6 +339,7 @@ fn worker_limits(config: &ServerConfig) -> WorkerLimits {
         read_queue_depth: config.read_queue_depth,
         idle_timeout: config.idle_timeout,
         sync_always: config.sync == SyncPolicy::Always,
+        poll_spin: config.poll_spin,
     }
 }
 

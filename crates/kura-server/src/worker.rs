@@ -82,6 +82,8 @@ pub struct WorkerLimits {
     pub idle_timeout: Option<Duration>,
     /// Sync before replying to writes (`--sync always`).
     pub sync_always: bool,
+    /// How long the loop keeps looking for work before it sleeps (`--poll-spin-us`).
+    pub poll_spin: Duration,
 }
 
 /// What every worker shares.
@@ -249,7 +251,10 @@ impl Worker {
             } else {
                 IDLE_SWEEP_INTERVAL
             };
-            if let Err(error) = self.poll.poll(&mut events, Some(timeout))
+            // Look for work without sleeping for a while first (`--poll-spin-us`): waking a
+            // sleeping thread is most of a round trip on a virtual machine.
+            let spun = !timeout.is_zero() && self.spin_for_events(&mut events);
+            if !spun && let Err(error) = self.poll.poll(&mut events, Some(timeout))
                 && error.kind() != io::ErrorKind::Interrupted
             {
                 tracing::error!(%error, "worker poll failed; closing its connections");
@@ -309,6 +314,28 @@ impl Worker {
         }
         for thread in self.dump_threads.drain(..) {
             let _ = thread.join();
+        }
+    }
+
+    /// Polls without sleeping, yielding the CPU between looks, until an event comes (`true`,
+    /// in `events`), or `false` when `poll_spin` has passed or the CPU is wanted (see
+    /// [`kura_engine::spin`]).
+    fn spin_for_events(&mut self, events: &mut Events) -> bool {
+        let spin = self.shared.limits.poll_spin;
+        if spin.is_zero() {
+            return false;
+        }
+        let mut spin = kura_engine::spin::Spin::new(spin);
+        loop {
+            match self.poll.poll(events, Some(Duration::ZERO)) {
+                Ok(()) if !events.is_empty() => return true,
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+            if self.shared.shutdown.load(Ordering::Acquire) || !spin.go_on() {
+                return false;
+            }
         }
     }
 

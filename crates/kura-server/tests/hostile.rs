@@ -283,3 +283,37 @@ fn a_client_that_never_reads_cannot_grow_server_memory() {
     drop(flood);
     other.set("after", b"ok");
 }
+
+/// CPU time (user and system) of process `pid` so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+/// Workers look for work a while before sleeping (`--poll-spin-us`), but only a while: a
+/// client that asks now and then costs the server a little CPU time per request, and an idle
+/// server costs none.
+#[test]
+fn an_idle_server_sleeps_after_its_spin() {
+    let kura = Kura::start(&[]);
+    let mut client = kura.client();
+    client.set("k", b"first");
+    let (before, started) = (cpu_time(kura.pid()), Instant::now());
+    for _ in 0..100 {
+        client.set("k", b"v");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (sparse, wall) = (cpu_time(kura.pid()) - before, started.elapsed());
+    // 100 requests with a 50 µs spin after each are ~5 ms of the ~500 ms; a worker that
+    // kept spinning would use all of it.
+    assert!(sparse < wall / 4, "{sparse:?} of CPU time over {wall:?} of requests every 5 ms");
+    let before = cpu_time(kura.pid());
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = cpu_time(kura.pid()) - before;
+    assert!(idle <= Duration::from_millis(50), "{idle:?} of CPU time in a second without requests");
+}

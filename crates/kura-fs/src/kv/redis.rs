@@ -22,6 +22,7 @@
 //! I/O error (the caller drops the connection), never a panic.
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -122,6 +123,8 @@ pub(crate) struct RespConn {
     write_max: usize,
     /// Largest bulk reply accepted.
     read_max: usize,
+    /// How long a wait for a reply looks for it before sleeping.
+    spin: Duration,
 }
 
 impl RespConn {
@@ -130,11 +133,12 @@ impl RespConn {
         &self.stream
     }
 
-    /// `value_max`: the pool's value limit.
-    pub(crate) fn connect(addr: &str, value_max: usize) -> Result<Self> {
+    /// `value_max`: the pool's value limit; `spin`: how long a wait for a reply looks for it
+    /// before sleeping.
+    pub(crate) fn connect(addr: &str, value_max: usize, spin: Duration) -> Result<Self> {
         let stream = connect_stream(addr)?;
         let read_max = value_max.max(META_VALUE_BYTES_MAX + VERSION_BYTES);
-        Ok(Self { stream, input: Vec::new(), out: Vec::new(), node: addr.to_owned(), script: Script::Unknown, write_max: value_max, read_max })
+        Ok(Self { stream, input: Vec::new(), out: Vec::new(), node: addr.to_owned(), script: Script::Unknown, write_max: value_max, read_max, spin })
     }
 
     fn io(&self, what: impl std::fmt::Display) -> FsError {
@@ -169,7 +173,12 @@ impl RespConn {
             if Instant::now() >= deadline {
                 return Err(self.io(format_args!("no whole reply within {META_IO_TIMEOUT_MS} ms")));
             }
-            match self.stream.read(&mut chunk) {
+            let got = match kura_pool::fd::recv_spinning(self.stream.as_raw_fd(), &mut chunk, self.spin) {
+                Ok(Some(n)) => Ok(n),
+                Ok(None) => self.stream.read(&mut chunk),
+                Err(e) => Err(e),
+            };
+            match got {
                 Ok(0) => return Err(self.io("connection closed")),
                 Ok(n) => self.input.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
