@@ -953,11 +953,12 @@ impl Fs {
     }
 
     fn rename_once(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8], flags: RenameFlags) -> Result<()> {
-        if flags.exchange {
-            return Err(FsError::Invalid);
-        }
         if sname == b"." || sname == b".." || dname == b"." || dname == b".." {
             return Err(FsError::Invalid);
+        }
+        if flags.exchange {
+            // Linux: both flags at once are EINVAL.
+            return if flags.noreplace { Err(FsError::Invalid) } else { self.exchange_once(sdir, sname, ddir, dname) };
         }
         check_name(dname)?;
         // Read now, not from a copy: the new name is written before the old one is removed.
@@ -1045,6 +1046,93 @@ impl Fs {
         }
         if let Some(r) = replaced {
             self.drop_link(r.ino)?;
+        }
+        Ok(())
+    }
+
+    /// `renameat2(…, RENAME_EXCHANGE)`: `sdir/sname` and `ddir/dname`, which must both exist,
+    /// swap names. In one directory record (both names in one bucket) one compare-and-swap;
+    /// otherwise `dname` takes the source first, then `sname` the target (as a plain rename
+    /// writes its new name before it removes the old: in between, and after a crash there, the
+    /// source has both names). Should another process have renamed something over `sname`
+    /// meanwhile, that rename counts as coming after the exchange: the target, which it
+    /// replaced, loses that link.
+    fn exchange_once(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8]) -> Result<()> {
+        let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
+        let dst = self.lookup(ddir, dname)?.ok_or(FsError::NotFound)?;
+        self.dir_inode(sdir)?;
+        self.dir_inode(ddir)?;
+        if src.ino == dst.ino {
+            return Ok(());
+        }
+        let (src_is_dir, dst_is_dir) = (src.dtype == libc::DT_DIR, dst.dtype == libc::DT_DIR);
+        if sdir != ddir {
+            // Neither directory may end up inside itself.
+            if src_is_dir {
+                self.refuse_cycle(src.ino, ddir)?;
+            }
+            if dst_is_dir {
+                self.refuse_cycle(dst.ino, sdir)?;
+            }
+        }
+        let at_dname = DirEntry { name: dname.to_vec(), ino: src.ino, dtype: src.dtype };
+        let at_sname = DirEntry { name: sname.to_vec(), ino: dst.ino, dtype: dst.dtype };
+        let is = |entry: Option<&DirEntry>, want: &DirEntry| entry.is_some_and(|e| e.ino == want.ino);
+        let mut replaced_meanwhile = None;
+        if sdir == ddir && bucket_of(sname) == bucket_of(dname) {
+            self.update_bucket(sdir, sname, |b| {
+                if !is(b.find(sname), &src) || !is(b.find(dname), &dst) {
+                    return Err(FsError::Io(RENAME_RACE.into()));
+                }
+                b.upsert(at_dname.clone());
+                b.upsert(at_sname.clone());
+                Ok(())
+            })?;
+        } else {
+            self.update_bucket(ddir, dname, |b| {
+                if !is(b.find(dname), &dst) {
+                    return Err(FsError::Io(RENAME_RACE.into()));
+                }
+                b.upsert(at_dname.clone());
+                Ok(())
+            })?;
+            replaced_meanwhile = self.update_bucket(sdir, sname, |b| match b.find(sname) {
+                Some(e) if e.ino != src.ino => Ok(Some(e.clone())),
+                _ => {
+                    b.upsert(at_sname.clone());
+                    Ok(None)
+                }
+            })?;
+        }
+        self.memo.note(ddir, dname, Some(&at_dname));
+        match &replaced_meanwhile {
+            None => self.memo.note(sdir, sname, Some(&at_sname)),
+            Some(other) => self.memo.note(sdir, sname, Some(other)),
+        }
+        let now = now_ns();
+        for (entry, new_parent) in [(&src, ddir), (&dst, sdir)] {
+            let moved_dir = entry.dtype == libc::DT_DIR && sdir != ddir;
+            let touched = self.update_inode(entry.ino, |i| {
+                if moved_dir {
+                    i.parent = new_parent;
+                }
+                i.ctime_ns = now;
+                Ok(())
+            });
+            match touched {
+                // Renamed over and deleted by another process since: the exchange happened.
+                Ok(_) | Err(FsError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // A directory that changes parents moves its `..` link with it.
+        let delta = if sdir == ddir { 0 } else { i32::from(dst_is_dir) - i32::from(src_is_dir) };
+        self.touch_dir(sdir, delta)?;
+        if ddir != sdir {
+            self.touch_dir(ddir, -delta)?;
+        }
+        if replaced_meanwhile.is_some() {
+            self.drop_link(dst.ino)?;
         }
         Ok(())
     }

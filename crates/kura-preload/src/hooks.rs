@@ -1823,6 +1823,11 @@ extern "C" fn h_rmdir(path: *const c_char) -> c_int {
 
 extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new: *const c_char, flags: c_uint) -> c_int {
     guard(-1, || {
+        // The kernel refuses RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT before
+        // it looks at either path.
+        if flags & libc::RENAME_EXCHANGE != 0 && flags & (libc::RENAME_NOREPLACE | libc::RENAME_WHITEOUT) != 0 {
+            return ret_int(Err(libc::EINVAL));
+        }
         // With RENAME_NOREPLACE a new name of `.` or `..` is EEXIST (the kernel's do_renameat2).
         let new_op = if flags & libc::RENAME_NOREPLACE != 0 { kura_fs::path::NameOp::Create } else { kura_fs::path::NameOp::Rename };
         if let Err(e) = refuse_dots_of(&[(olddir, old, kura_fs::path::NameOp::Rename), (newdir, new, new_op)]) {

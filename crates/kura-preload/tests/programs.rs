@@ -637,6 +637,47 @@ fn o_tmpfile_files_and_their_links_as_on_the_kernel() {
     assert_eq!(got, want, "O_TMPFILE under the preload (left) and on the kernel (right)");
 }
 
+/// `renameat2` with `RENAME_EXCHANGE` (tests/c/exchange.c): two files in one directory, 20
+/// pairs among 40 names (some pairs in two directory records), a file and a directory in two
+/// directories (the directory's `..` and both parents' link counts follow), through
+/// directory descriptors, hard links of one file, and the errors (a missing name, with
+/// `RENAME_NOREPLACE`, a directory with its own child either way). On a host directory and
+/// under the preload on a kura one, the same; and through FUSE (the program built static, run
+/// under `kura fs run --fuse on`, reaches the mount through the kernel), the same. (Before,
+/// every exchange was EINVAL.)
+#[test]
+fn rename_exchange_swaps_two_names_as_on_the_kernel() {
+    if !have("gcc") {
+        return kura_testkit::skip("no gcc to build tests/c/exchange.c");
+    }
+    let (want, got) = c_program_on_kernel_and_kura("exchange.c");
+    assert!(
+        want.contains("exchange a b: 0\na reads: 6 [was b\n]\nb reads: 6 [was a\n]\na is b's file: 1, b is a's file: 1\n")
+            && want.contains("swapped pairs: 20\n")
+            && want.contains("one/f/.. is one: 1 (two: 0)\n")
+            && want.contains("exchange and noreplace: -1 EINVAL\n")
+            && want.contains("exchange a directory with its own child: -1 EINVAL\n"),
+        "{want}"
+    );
+    assert_eq!(got, want, "RENAME_EXCHANGE under the preload (left) and on the kernel (right)");
+    // SAFETY: geteuid cannot fail.
+    if !std::path::Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        return kura_testkit::skip("needs root and /dev/fuse: RENAME_EXCHANGE through FUSE not run");
+    }
+    let env = Env::new();
+    let exe = env.dir.path().join("exchange-static");
+    let src = workspace().join("crates/kura-preload/tests/c/exchange.c");
+    if !std::process::Command::new("gcc").args(["-O1", "-static", "-o"]).arg(&exe).arg(&src).status().is_ok_and(|s| s.success()) {
+        return kura_testkit::skip("gcc -static failed (no static libc): RENAME_EXCHANGE through FUSE not run");
+    }
+    let mnt = env.dir.path().join("mnt");
+    let script = format!("set -e; mkdir $KURA_FS_MOUNT/t; {} $KURA_FS_MOUNT/t", exe.display());
+    let out = env.command(&["--fuse", "on", "--mount", mnt.to_str().unwrap()], &["sh", "-c", &script]).output().unwrap();
+    check(&out, &["sh", "-c", &script]);
+    let through_fuse = String::from_utf8_lossy(&out.stdout).replace(&format!("{}/t", mnt.display()), "DIR");
+    assert_eq!(through_fuse, want, "RENAME_EXCHANGE through FUSE (left) and on the kernel (right)");
+}
+
 /// Python's `tempfile.TemporaryFile` (and a rolled-over `SpooledTemporaryFile`) in a kura
 /// directory is made with `O_TMPFILE`, as on a host directory (tests/py/tmpfile.py; Python
 /// falls back to a named file, unlinked at once, without it), and an `O_TMPFILE` file named

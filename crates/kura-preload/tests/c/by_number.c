@@ -16,21 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* DIR/name, in one of four buffers used in turn (a call may take two paths). */
-static const char *at(const char *dir, const char *name) {
-    static char bufs[4][4096];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
-
-static void say(const char *what, long r) {
-    if (r < 0)
-        printf("%s: -1 %s\n", what, strerrorname_np(errno));
-    else
-        printf("%s: %ld\n", what, r);
-}
+#include "report.h"
 
 struct linux_dirent64 {
     unsigned long long d_ino;

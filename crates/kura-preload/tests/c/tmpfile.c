@@ -12,21 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* DIR/name, in one of four buffers used in turn (a call may take two paths). */
-static const char *at(const char *dir, const char *name) {
-    static char bufs[4][4096];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
-
-static void say(const char *what, long r) {
-    if (r < 0)
-        printf("%s: -1 %s\n", what, strerrorname_np(errno));
-    else
-        printf("%s: %ld\n", what, r);
-}
+#include "report.h"
 
 /* An open's result: 0 for a descriptor (their numbers may differ), else the errno. */
 static int opened(const char *what, int fd) {
@@ -71,18 +57,6 @@ static void list(const char *what, const char *dir) {
     for (int i = 0; i < n; i++)
         printf(" %s", names[i]);
     printf("\n");
-}
-
-static void contents(const char *what, const char *path) {
-    char buf[256] = {0};
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        say(what, -1);
-        return;
-    }
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    printf("%s: %zd [%s]\n", what, n, n > 0 ? buf : "");
 }
 
 static const char *proc_fd(int fd) {
