@@ -448,11 +448,30 @@ impl Fs {
     /// both compare-and-swaps go out together, one round trip (a time set by a swap whose
     /// bucket then lost the race is a change the directory did see, another process's).
     /// `true` with the result when the times were set; otherwise the caller sets them.
-    fn update_bucket_touching<T>(&self, dir: u64, name: &[u8], mut change: impl FnMut(&mut Bucket) -> Result<T>, touch: bool) -> Result<(T, bool)> {
+    fn update_bucket_touching<T>(&self, dir: u64, name: &[u8], change: impl FnMut(&mut Bucket) -> Result<T>, touch: bool) -> Result<(T, bool)> {
+        self.update_bucket_creating(dir, name, change, touch, None).map(|(out, touched, _)| (out, touched))
+    }
+
+    /// [`Fs::update_bucket_touching`], and with `create` a record (key, value) written if
+    /// absent in the same round trip, ahead of the bucket on the first try (a later try, after
+    /// another process changed the bucket, does not send it again): a new file's inode goes
+    /// out with the entry that names it. The writes of one batch reach a node in order, and a
+    /// batch over several nodes goes node after node ([`Kv::write_many`]), so no process finds
+    /// the name before the record. Also returns the record's outcome: `Some(Some(version))`
+    /// written, `Some(None)` already there, `None` not sent.
+    fn update_bucket_creating<T>(
+        &self,
+        dir: u64,
+        name: &[u8],
+        mut change: impl FnMut(&mut Bucket) -> Result<T>,
+        touch: bool,
+        mut create: Option<(&[u8], &[u8])>,
+    ) -> Result<(T, bool, Option<Option<u64>>)> {
         let bucket = bucket_of(name);
         let key = self.keys.bucket(dir, bucket);
         let mut recent = self.recent_buckets.lock().take((dir, bucket));
         let mut touched = false;
+        let mut created = None;
         for _ in 0..CAS_RETRIES_MAX {
             let ((mut entries, version), from_copy) = match recent.take() {
                 Some(record) => match self.decode_bucket(dir, bucket, &record) {
@@ -473,28 +492,43 @@ impl Fs {
                 None => WriteOp::Delete(&key, cond),
             };
             let parent = if touch && !touched { self.recent_inodes.lock().get(&dir).map(|(inode, version, _)| (inode.clone(), *version)) } else { None };
-            let written = match parent {
-                Some((mut parent, parent_version)) => {
-                    set_dir_changed(&mut parent, now_ns(), 0);
-                    let (parent_key, parent_bytes) = (self.keys.inode(dir), parent.encode());
-                    let results = self.kv.write_many(&[write, WriteOp::Put(&parent_key, &parent_bytes, Cond::Version(parent_version))])?;
-                    match results.get(1).copied().flatten() {
-                        Some(new_version) => {
-                            self.remember_inode(&parent, new_version);
-                            touched = true;
-                        }
-                        None => {
-                            self.recent_inodes.lock().remove(&dir);
-                        }
-                    }
-                    results.first().copied().flatten()
+            let parent = parent.map(|(mut parent, parent_version)| {
+                set_dir_changed(&mut parent, now_ns(), 0);
+                let bytes = parent.encode();
+                (parent, parent_version, bytes)
+            });
+            let parent_key = self.keys.inode(dir);
+            let mut batch = Vec::with_capacity(3);
+            let lead = match create.take() {
+                Some((key, value)) => {
+                    batch.push(WriteOp::Put(key, value, Cond::Absent));
+                    1
                 }
-                None => write.apply(&*self.kv)?,
+                None => 0,
             };
-            if let Some(new_version) = written {
+            batch.push(write);
+            if let Some((_, parent_version, bytes)) = &parent {
+                batch.push(WriteOp::Put(&parent_key, bytes, Cond::Version(*parent_version)));
+            }
+            let results = if batch.len() == 1 { vec![write.apply(&*self.kv)?] } else { self.kv.write_many(&batch)? };
+            if lead == 1 {
+                created = Some(results.first().copied().flatten());
+            }
+            if let Some((parent, _, _)) = parent {
+                match results.get(lead + 1).copied().flatten() {
+                    Some(new_version) => {
+                        self.remember_inode(&parent, new_version);
+                        touched = true;
+                    }
+                    None => {
+                        self.recent_inodes.lock().remove(&dir);
+                    }
+                }
+            }
+            if let Some(new_version) = results.get(lead).copied().flatten() {
                 self.remember_bucket(dir, bucket, encoded.map(|bytes| (bytes, new_version)));
                 self.memo.note(dir, name, entries.find(name));
-                return Ok((out, touched));
+                return Ok((out, touched, created));
             }
         }
         Err(FsError::Io(format!("directory {dir}: too much contention")))
@@ -631,14 +665,11 @@ impl Fs {
         if opened {
             inode.openers.push(self.opener());
         }
-        match self.kv.put_cond(&self.keys.inode(inode.ino), &inode.encode(), Cond::Absent)? {
-            Some(version) => self.remember_inode(&inode, version),
-            None => return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino))),
-        }
+        let (inode_key, inode_bytes) = (self.keys.inode(inode.ino), inode.encode());
         let entry = DirEntry { name: name.to_vec(), ino: inode.ino, dtype: dtype_of(mode) };
-        // A new directory adds a link to its parent, which must follow the entry: only other
-        // files' times go with it.
-        let added = self.update_bucket_touching(
+        // The record goes out with the entry, one round trip. A new directory adds a link to
+        // its parent, which must follow the entry: only other files' times go with it.
+        let added = self.update_bucket_creating(
             dir,
             name,
             |b| match b.find(name) {
@@ -649,7 +680,36 @@ impl Fs {
                 }
             },
             !is_dir(mode),
+            Some((&inode_key, &inode_bytes)),
         );
+        let added = match added {
+            Ok((out, touched, Some(Some(version)))) => {
+                self.remember_inode(&inode, version);
+                Ok((out, touched))
+            }
+            Ok((out, _, Some(None))) => {
+                if out.is_none() {
+                    // The entry now names a record this call did not write: take it back.
+                    self.update_bucket(dir, name, |b| {
+                        if b.find(name).is_some_and(|e| e.ino == inode.ino) {
+                            b.remove(name);
+                        }
+                        Ok(())
+                    })?;
+                }
+                return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino)));
+            }
+            // Every write of the bucket carries the record on its first try; should none have,
+            // write it now, before returning the name.
+            Ok((out, touched, None)) => match self.kv.put_cond(&inode_key, &inode_bytes, Cond::Absent)? {
+                Some(version) => {
+                    self.remember_inode(&inode, version);
+                    Ok((out, touched))
+                }
+                None => return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino))),
+            },
+            Err(e) => Err(e),
+        };
         let touched = match added {
             Ok((None, touched)) => touched,
             Ok((Some(existing), _)) => {
