@@ -41,6 +41,7 @@ counters!(
         ram_cache_hits, flash_gets, flash_reads,
         protocol_errors, server_errors,
         store_too_large, store_no_memory,
+        poll_spin_found, poll_spin_slept,
     }
 );
 
@@ -371,6 +372,10 @@ impl StatsSources {
                 "kura_write_buffer_bytes",
                 U64(engine.ram.write_buffer_data_bytes),
             ),
+            // Idle spells of the workers' `--poll-spin-us` that found work without sleeping,
+            // and those that ended in a sleep.
+            ("kura_poll_spin_found", U64(counter("poll_spin_found"))),
+            ("kura_poll_spin_slept", U64(counter("poll_spin_slept"))),
             ("kura_protocol_errors", U64(counter("protocol_errors"))),
             ("kura_server_errors", U64(counter("server_errors"))),
         ]);

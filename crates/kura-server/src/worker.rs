@@ -326,17 +326,19 @@ impl Worker {
             return false;
         }
         let mut spin = kura_engine::spin::Spin::new(spin);
-        loop {
+        let found = loop {
             match self.poll.poll(events, Some(Duration::ZERO)) {
-                Ok(()) if !events.is_empty() => return true,
+                Ok(()) if !events.is_empty() => break true,
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
+                Err(_) => break false,
             }
             if self.shared.shutdown.load(Ordering::Acquire) || !spin.go_on() {
-                return false;
+                break false;
             }
-        }
+        };
+        bump(if found { &self.stats.poll_spin_found } else { &self.stats.poll_spin_slept });
+        found
     }
 
     /// Moves the lines of running metadumps into their connections' output while it has

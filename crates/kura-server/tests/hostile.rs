@@ -309,6 +309,9 @@ fn an_idle_server_sleeps_after_its_spin() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let (sparse, wall) = (cpu_time(kura.pid()) - before, started.elapsed());
+    // Each request 5 ms after the last finds the worker asleep, after a spin that found
+    // nothing; the counters say so.
+    assert!(client.stat("kura_poll_spin_slept") >= 50, "{:?}", client.stats());
     // 100 requests with a 50 µs spin after each are ~5 ms of the ~500 ms; a worker that
     // kept spinning would use all of it.
     assert!(sparse < wall / 4, "{sparse:?} of CPU time over {wall:?} of requests every 5 ms");
