@@ -80,9 +80,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = config::PARTITIONS_MAX_DEFAULT)]
     pub partitions_max: u32,
     /// Microseconds a worker thread with nothing to do keeps looking for new requests and
-    /// finished flash reads before it sleeps, trading that much CPU time per idle spell for
-    /// round trips without a wake-up (on a virtual machine, ~90 µs of a loopback round trip
-    /// is waking the sleeping server; spinning, ~22 µs). An idle server spins once after its
+    /// finished flash reads before it sleeps, trading up to that much CPU time per idle spell
+    /// for round trips without a wake-up (on a 2-core virtual machine a loopback round trip
+    /// took ~70 µs against a sleeping server, ~22-31 µs against a spinning one). The spin
+    /// ends early when another thread wants the CPU; an idle server spins once after its
     /// last request, then sleeps. 0: always sleep at once, as memcached does.
     #[arg(long, default_value_t = config::POLL_SPIN_US_DEFAULT, value_parser = clap::value_parser!(u64).range(0..=config::POLL_SPIN_US_MAX))]
     pub poll_spin_us: u64,
