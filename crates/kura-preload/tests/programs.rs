@@ -574,18 +574,19 @@ fn other_users_get_the_kernels_permission_answers() {
 /// preload on a kura one, the same.
 #[test]
 fn posix_spawn_system_and_popen_as_on_the_kernel() {
-    if !have("gcc") {
-        return kura_testkit::skip("no gcc to build tests/c/spawn.c");
-    }
-    let (want, got) = c_program_on_kernel_and_kura("spawn.c");
-    assert!(want.contains("popen-w: [written through popen"), "{want}");
-    assert_eq!(got, want, "posix_spawn under the preload (left) and on the kernel (right)");
+    c_program_matches_the_kernel("spawn.c", &["popen-w: [written through popen"], "posix_spawn");
 }
 
-/// The output of tests/c/`source` (built without extra flags), run with a fresh host directory
-/// as its argument (the kernel's answers), then under the preload with a fresh kura one; each
-/// directory's path reads `DIR`.
-fn c_program_on_kernel_and_kura(source: &str) -> (String, String) {
+/// The output of tests/c/`source` (built without extra flags) run with a fresh host directory
+/// as its argument (the kernel's answers), where each of `marks` must show (the program ran
+/// as far as they say), is what it prints under the preload with a fresh kura one (`what`
+/// names the calls in the failure); each directory's path reads `DIR`. Returns that output,
+/// or `None` when there is no gcc to build it (the test is skipped, with the reason).
+fn c_program_matches_the_kernel(source: &str, marks: &[&str], what: &str) -> Option<String> {
+    if !have("gcc") {
+        kura_testkit::skip(&format!("no gcc to build tests/c/{source}"));
+        return None;
+    }
     let env = Env::new();
     let exe = build_c(&env, &workspace().join("crates/kura-preload/tests/c").join(source), &[]);
     let host = env.dir.path().join("host");
@@ -593,8 +594,12 @@ fn c_program_on_kernel_and_kura(source: &str) -> (String, String) {
     let out = std::process::Command::new(&exe).arg(&host).output().unwrap();
     check(&out, &[source, "HOST_DIR"]);
     let want = String::from_utf8_lossy(&out.stdout).replace(host.to_str().unwrap(), "DIR");
+    for mark in marks {
+        assert!(want.contains(mark), "{mark:?} is not in the kernel's output:\n{want}");
+    }
     let got = env.sh(&format!("mkdir /kura/t && {} /kura/t", exe.display())).replace("/kura/t", "DIR");
-    (want, got)
+    assert_eq!(got, want, "{what} under the preload (left) and on the kernel (right)");
+    Some(want)
 }
 
 /// File system calls made by number with `syscall(3)` (libuv makes `statx` so, for Node.js):
@@ -606,12 +611,8 @@ fn c_program_on_kernel_and_kura(source: &str) -> (String, String) {
 /// run also found RENAME_NOREPLACE of a name onto itself succeeding, where Linux says EEXIST.
 #[test]
 fn calls_by_number_reach_kura_files_as_the_kernels() {
-    if !have("gcc") {
-        return kura_testkit::skip("no gcc to build tests/c/by_number.c");
-    }
-    let (want, got) = c_program_on_kernel_and_kura("by_number.c");
-    assert!(want.contains("statx-moved: 0\n  mode 604 mtime 2000\n") && want.ends_with("clone child exited 7\n"), "{want}");
-    assert_eq!(got, want, "calls by number under the preload (left) and on the kernel (right)");
+    let Some(want) = c_program_matches_the_kernel("by_number.c", &["statx-moved: 0\n  mode 604 mtime 2000\n"], "calls by number") else { return };
+    assert!(want.ends_with("clone child exited 7\n"), "{want}");
 }
 
 /// `open` with `O_TMPFILE` and `linkat` of its descriptor (tests/c/tmpfile.c): an unnamed file
@@ -624,17 +625,11 @@ fn calls_by_number_reach_kura_files_as_the_kernels() {
 /// such open was EOPNOTSUPP, and `linkat(AT_EMPTY_PATH)` of a kura descriptor EXDEV.)
 #[test]
 fn o_tmpfile_files_and_their_links_as_on_the_kernel() {
-    if !have("gcc") {
-        return kura_testkit::skip("no gcc to build tests/c/tmpfile.c");
-    }
-    let (want, got) = c_program_on_kernel_and_kura("tmpfile.c");
-    assert!(
-        want.contains("fstat: nlink 0 mode 644 size 14 regular 1\nlisted: sub\n")
-            && want.contains("link O_EXCL empty path: -1 ENOENT\n")
-            && want.contains("link after unlink: -1 ENOENT\n"),
-        "{want}"
+    c_program_matches_the_kernel(
+        "tmpfile.c",
+        &["fstat: nlink 0 mode 644 size 14 regular 1\nlisted: sub\n", "link O_EXCL empty path: -1 ENOENT\n", "link after unlink: -1 ENOENT\n"],
+        "O_TMPFILE",
     );
-    assert_eq!(got, want, "O_TMPFILE under the preload (left) and on the kernel (right)");
 }
 
 /// `renameat2` with `RENAME_EXCHANGE` (tests/c/exchange.c): two files in one directory, 20
@@ -647,19 +642,14 @@ fn o_tmpfile_files_and_their_links_as_on_the_kernel() {
 /// every exchange was EINVAL.)
 #[test]
 fn rename_exchange_swaps_two_names_as_on_the_kernel() {
-    if !have("gcc") {
-        return kura_testkit::skip("no gcc to build tests/c/exchange.c");
-    }
-    let (want, got) = c_program_on_kernel_and_kura("exchange.c");
-    assert!(
-        want.contains("exchange a b: 0\na reads: 6 [was b\n]\nb reads: 6 [was a\n]\na is b's file: 1, b is a's file: 1\n")
-            && want.contains("swapped pairs: 20\n")
-            && want.contains("one/f/.. is one: 1 (two: 0)\n")
-            && want.contains("exchange and noreplace: -1 EINVAL\n")
-            && want.contains("exchange a directory with its own child: -1 EINVAL\n"),
-        "{want}"
-    );
-    assert_eq!(got, want, "RENAME_EXCHANGE under the preload (left) and on the kernel (right)");
+    let marks = [
+        "exchange a b: 0\na reads: 6 [was b\n]\nb reads: 6 [was a\n]\na is b's file: 1, b is a's file: 1\n",
+        "swapped pairs: 20\n",
+        "one/f/.. is one: 1 (two: 0)\n",
+        "exchange and noreplace: -1 EINVAL\n",
+        "exchange a directory with its own child: -1 EINVAL\n",
+    ];
+    let Some(want) = c_program_matches_the_kernel("exchange.c", &marks, "RENAME_EXCHANGE") else { return };
     // SAFETY: geteuid cannot fail.
     if !std::path::Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
         return kura_testkit::skip("needs root and /dev/fuse: RENAME_EXCHANGE through FUSE not run");
