@@ -41,9 +41,40 @@ impl Spin {
     }
 }
 
+/// Calls `look` until it gives an answer, yielding the CPU between calls, for at most `limit`
+/// and while the CPU is not wanted ([`Spin::go_on`]): the answer, or `None` when the spin ended
+/// first (then sleep).
+pub fn look_for<T>(limit: Duration, mut look: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut spin = Spin::new(limit);
+    loop {
+        if let Some(found) = look() {
+            return Some(found);
+        }
+        if !spin.go_on() {
+            return None;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn looking_ends_with_the_answer_or_the_spin() {
+        assert_eq!(look_for(Duration::from_secs(10), || Some("at once")), Some("at once"));
+        // Found at the third look, unless the spin ended before it because the CPU was wanted
+        // (another test's busy thread on this one's CPU).
+        let mut calls = 0;
+        let found = look_for(Duration::from_secs(10), || {
+            calls += 1;
+            (calls == 3).then_some("found")
+        });
+        assert!(found == Some("found") && calls == 3 || found.is_none() && calls < 3, "{found:?} after {calls} looks");
+        let started = Instant::now();
+        assert_eq!(look_for(Duration::from_millis(2), || None::<()>), None);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
 
     #[test]
     fn a_spin_ends_at_its_limit() {

@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use kura_engine::{Condition, Engine, RecordKind, WriteOutcome};
 use kura_pool::{Backend, Context, NodeSpec, Outcome, Pool};
+use kura_pool::fd::keeping_errno;
 
 use crate::bounded::BytesBounded;
 use crate::error::{FsError, Result, is_out_of_space};
@@ -1260,20 +1261,6 @@ impl SideConn {
             SideConn::Redis(c) => c.delete(key, cond),
         }
     }
-}
-
-/// Runs `f`, leaving the calling thread's `errno` as it found it: system calls expected to
-/// fail (a look that finds nothing) must not change what the host program reads there after
-/// a kura call that succeeded.
-fn keeping_errno<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: __errno_location is the calling thread's errno, valid while the thread lives.
-    let errno = unsafe { libc::__errno_location() };
-    // SAFETY: as above.
-    let saved = unsafe { *errno };
-    let result = f();
-    // SAFETY: as above.
-    unsafe { *errno = saved };
-    result
 }
 
 /// A blocking TCP connection to `addr` with the metadata timeouts.

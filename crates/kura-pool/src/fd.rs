@@ -117,26 +117,30 @@ pub fn recv_spinning(fd: RawFd, buf: &mut [u8], spin: Duration) -> io::Result<Op
     if spin.is_zero() || buf.is_empty() {
         return Ok(None);
     }
+    keeping_errno(|| {
+        kura_engine::spin::look_for(spin, || {
+            // SAFETY: a receive into `buf`, which is valid for its length and lives across the
+            // call; MSG_DONTWAIT makes it return at once when nothing is there.
+            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Some(Ok(n as usize));
+            }
+            let error = io::Error::last_os_error();
+            (!matches!(error.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))).then_some(Err(error))
+        })
+        .transpose()
+    })
+}
+
+/// Runs `f`, leaving the calling thread's `errno` as it found it: system calls expected to
+/// fail (a look that finds nothing) must not change what the host program of the file
+/// system's preload reads there after a kura call that succeeded.
+pub fn keeping_errno<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: __errno_location is the calling thread's errno, valid while the thread lives.
     let errno = unsafe { libc::__errno_location() };
     // SAFETY: as above.
     let saved = unsafe { *errno };
-    let mut spinning = kura_engine::spin::Spin::new(spin);
-    let result = loop {
-        // SAFETY: a receive into `buf`, which is valid for its length and lives across the
-        // call; MSG_DONTWAIT makes it return at once when nothing is there.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n >= 0 {
-            break Ok(Some(n as usize));
-        }
-        let error = io::Error::last_os_error();
-        if !matches!(error.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) {
-            break Err(error);
-        }
-        if !spinning.go_on() {
-            break Ok(None);
-        }
-    };
+    let result = f();
     // SAFETY: as above.
     unsafe { *errno = saved };
     result

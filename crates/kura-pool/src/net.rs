@@ -564,18 +564,12 @@ impl NetContext {
         if spin.is_zero() {
             return false;
         }
-        let mut spin = kura_engine::spin::Spin::new(spin);
-        loop {
-            match self.poll.wait(&mut self.events, Some(Duration::ZERO)) {
-                Ok(()) if !self.events.is_empty() => return true,
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-            if Instant::now() >= wake || !spin.go_on() {
-                return false;
-            }
-        }
+        kura_engine::spin::look_for(spin, || match self.poll.wait(&mut self.events, Some(Duration::ZERO)) {
+            Ok(()) if !self.events.is_empty() => Some(true),
+            Err(e) if e.kind() != std::io::ErrorKind::Interrupted => Some(false),
+            _ => (Instant::now() >= wake).then_some(false),
+        })
+        .unwrap_or(false)
     }
 
     /// The earliest request deadline, retry or refresh.

@@ -325,18 +325,12 @@ impl Worker {
         if spin.is_zero() {
             return false;
         }
-        let mut spin = kura_engine::spin::Spin::new(spin);
-        let found = loop {
-            match self.poll.poll(events, Some(Duration::ZERO)) {
-                Ok(()) if !events.is_empty() => break true,
-                Ok(()) => {}
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break false,
-            }
-            if self.shared.shutdown.load(Ordering::Acquire) || !spin.go_on() {
-                break false;
-            }
-        };
+        let found = kura_engine::spin::look_for(spin, || match self.poll.poll(events, Some(Duration::ZERO)) {
+            Ok(()) if !events.is_empty() => Some(true),
+            Err(error) if error.kind() != io::ErrorKind::Interrupted => Some(false),
+            _ => self.shared.shutdown.load(Ordering::Acquire).then_some(false),
+        })
+        .unwrap_or(false);
         bump(if found { &self.stats.poll_spin_found } else { &self.stats.poll_spin_slept });
         found
     }
