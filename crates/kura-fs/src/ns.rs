@@ -457,8 +457,8 @@ impl Fs {
     /// another process changed the bucket, does not send it again): a new file's inode goes
     /// out with the entry that names it. The writes of one batch reach a node in order, and a
     /// batch over several nodes goes node after node ([`Kv::write_many`]), so no process finds
-    /// the name before the record. Also returns the record's outcome: `Some(Some(version))`
-    /// written, `Some(None)` already there, `None` not sent.
+    /// the name before the record. Also returns the record's version when this call wrote it
+    /// (`None`: it was there already, or none was asked for).
     fn update_bucket_creating<T>(
         &self,
         dir: u64,
@@ -466,7 +466,7 @@ impl Fs {
         mut change: impl FnMut(&mut Bucket) -> Result<T>,
         touch: bool,
         mut create: Option<(&[u8], &[u8])>,
-    ) -> Result<(T, bool, Option<Option<u64>>)> {
+    ) -> Result<(T, bool, Option<u64>)> {
         let bucket = bucket_of(name);
         let key = self.keys.bucket(dir, bucket);
         let mut recent = self.recent_buckets.lock().take((dir, bucket));
@@ -497,7 +497,7 @@ impl Fs {
                 let bytes = parent.encode();
                 (parent, parent_version, bytes)
             });
-            let parent_key = self.keys.inode(dir);
+            let parent_key = parent.as_ref().map(|_| self.keys.inode(dir));
             let mut batch = Vec::with_capacity(3);
             let lead = match create.take() {
                 Some((key, value)) => {
@@ -507,12 +507,12 @@ impl Fs {
                 None => 0,
             };
             batch.push(write);
-            if let Some((_, parent_version, bytes)) = &parent {
-                batch.push(WriteOp::Put(&parent_key, bytes, Cond::Version(*parent_version)));
+            if let (Some((_, parent_version, bytes)), Some(parent_key)) = (&parent, &parent_key) {
+                batch.push(WriteOp::Put(parent_key, bytes, Cond::Version(*parent_version)));
             }
             let results = if batch.len() == 1 { vec![write.apply(&*self.kv)?] } else { self.kv.write_many(&batch)? };
             if lead == 1 {
-                created = Some(results.first().copied().flatten());
+                created = results.first().copied().flatten();
             }
             if let Some((parent, _, _)) = parent {
                 match results.get(lead + 1).copied().flatten() {
@@ -683,11 +683,13 @@ impl Fs {
             Some((&inode_key, &inode_bytes)),
         );
         let added = match added {
-            Ok((out, touched, Some(Some(version)))) => {
+            Ok((out, touched, Some(version))) => {
                 self.remember_inode(&inode, version);
                 Ok((out, touched))
             }
-            Ok((out, _, Some(None))) => {
+            // The record goes out with the bucket's first write, so this is a record already
+            // there: a number the allocator gave out before.
+            Ok((out, _, None)) => {
                 if out.is_none() {
                     // The entry now names a record this call did not write: take it back.
                     self.update_bucket(dir, name, |b| {
@@ -699,15 +701,6 @@ impl Fs {
                 }
                 return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino)));
             }
-            // Every write of the bucket carries the record on its first try; should none have,
-            // write it now, before returning the name.
-            Ok((out, touched, None)) => match self.kv.put_cond(&inode_key, &inode_bytes, Cond::Absent)? {
-                Some(version) => {
-                    self.remember_inode(&inode, version);
-                    Ok((out, touched))
-                }
-                None => return Err(FsError::Io(format!("inode {} already exists: the allocator is broken", inode.ino))),
-            },
             Err(e) => Err(e),
         };
         let touched = match added {
@@ -1148,6 +1141,8 @@ impl Fs {
                 b.upsert(at_sname.clone());
                 Ok(())
             })?;
+            // The swap noted `sname` as it now reads; `dname` changed in the same record.
+            self.memo.note(ddir, dname, Some(&at_dname));
         } else {
             self.update_bucket(ddir, dname, |b| {
                 if !is(b.find(dname), &dst) {
@@ -1163,11 +1158,6 @@ impl Fs {
                     Ok(None)
                 }
             })?;
-        }
-        self.memo.note(ddir, dname, Some(&at_dname));
-        match &replaced_meanwhile {
-            None => self.memo.note(sdir, sname, Some(&at_sname)),
-            Some(other) => self.memo.note(sdir, sname, Some(other)),
         }
         let now = now_ns();
         for (entry, new_parent) in [(&src, ddir), (&dst, sdir)] {
