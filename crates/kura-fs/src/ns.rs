@@ -882,7 +882,15 @@ impl Fs {
     fn remove_entry(&self, dir: u64, name: &[u8], check: impl Fn(&DirEntry) -> Result<()>, touch: bool) -> Result<(DirEntry, bool)> {
         let (mut entry, mut copied) = self.lookup_fresh(dir, name)?.ok_or(FsError::NotFound)?;
         loop {
-            check(&entry)?;
+            if let Err(e) = check(&entry) {
+                // What ends the change early is never taken from a copy: the name may name
+                // another file by now (renamed over by another process).
+                if !copied {
+                    return Err(e);
+                }
+                (entry, copied) = (self.lookup(dir, name)?.ok_or(FsError::NotFound)?, false);
+                continue;
+            }
             let (removed, touched) = self.update_bucket_touching(
                 dir,
                 name,
@@ -1021,24 +1029,18 @@ impl Fs {
         if src_is_dir && sdir != ddir {
             self.refuse_cycle(src.ino, ddir)?;
         }
-        // The target is checked again under the compare-and-swap that replaces it.
-        let target = self.lookup_fresh(ddir, dname)?.map(|(entry, _)| entry);
-        if let Some(t) = &target {
-            // Linux checks RENAME_NOREPLACE first: onto itself too, it is EEXIST.
-            if flags.noreplace {
-                return Err(FsError::Exists);
-            }
-            if t.ino == src.ino {
-                return Ok(()); // the same file: POSIX says do nothing
-            }
-            match (src_is_dir, t.dtype == libc::DT_DIR) {
-                (true, false) => return Err(FsError::NotDir),
-                // Linux: a target that holds the source is ENOTEMPTY whatever the source is.
-                (false, true) => return Err(if self.is_within(sdir, t.ino)? { FsError::NotEmpty } else { FsError::IsDir }),
-                (true, true) if !self.readdir(t.ino)?.is_empty() => return Err(FsError::NotEmpty),
-                _ => {}
-            }
+        // The target is checked again under the compare-and-swap that replaces it; what would
+        // refuse the rename is never taken from a copy (see `Fs::dir_and_entry`).
+        let mut found = self.lookup_fresh(ddir, dname)?;
+        let mut verdict = found.as_ref().map(|(t, _)| self.rename_target_verdict(&src, sdir, t, flags));
+        if let (Some((_, true)), Some(Err(_))) = (&found, &verdict) {
+            found = self.lookup(ddir, dname)?.map(|t| (t, false));
+            verdict = found.as_ref().map(|(t, _)| self.rename_target_verdict(&src, sdir, t, flags));
         }
+        if verdict.transpose()? == Some(true) {
+            return Ok(()); // the same file: POSIX says do nothing
+        }
+        let target = found.map(|(t, _)| t);
         let moved = DirEntry { name: dname.to_vec(), ino: src.ino, dtype: src.dtype };
         let replaced = if sdir == ddir && bucket_of(sname) == bucket_of(dname) {
             // One record holds both names: one compare-and-swap does it all.
@@ -1101,6 +1103,25 @@ impl Fs {
             self.drop_link(r.ino)?;
         }
         Ok(())
+    }
+
+    /// Whether a rename of `src` (in `sdir`) may replace the existing `target`: `Ok(true)` when
+    /// both are one file (nothing to do), `Ok(false)` when it may, or the error Linux gives.
+    fn rename_target_verdict(&self, src: &DirEntry, sdir: u64, target: &DirEntry, flags: RenameFlags) -> Result<bool> {
+        // Linux checks RENAME_NOREPLACE first: onto itself too, it is EEXIST.
+        if flags.noreplace {
+            return Err(FsError::Exists);
+        }
+        if target.ino == src.ino {
+            return Ok(true);
+        }
+        match (src.dtype == libc::DT_DIR, target.dtype == libc::DT_DIR) {
+            (true, false) => Err(FsError::NotDir),
+            // Linux: a target that holds the source is ENOTEMPTY whatever the source is.
+            (false, true) => Err(if self.is_within(sdir, target.ino)? { FsError::NotEmpty } else { FsError::IsDir }),
+            (true, true) if !self.readdir(target.ino)?.is_empty() => Err(FsError::NotEmpty),
+            _ => Ok(false),
+        }
     }
 
     /// `renameat2(…, RENAME_EXCHANGE)`: `sdir/sname` and `ddir/dname`, which must both exist,
