@@ -23,8 +23,9 @@ pub enum Resolved {
     Found { parent: u64, name: Vec<u8>, entry: DirEntry },
     /// The last component does not exist; its directory does. `name` ends in '/' when it
     /// came from a symbolic link whose target does (`l -> new/`): the walk asked for a
-    /// directory there, so `open(O_CREAT)` through the link is EISDIR, as in the kernel. (Only
-    /// a walk that follows its last link gives one; [`Fs::resolve_parent`] never does.)
+    /// directory there, which cannot be created through the link ([`Fs::resolve_for_create`]
+    /// refuses it with EISDIR). (Only a walk that follows its last link gives one;
+    /// [`Fs::resolve_parent`] never does.)
     Missing { parent: u64, name: Vec<u8> },
     /// The path leaves the file system (a symlink or `..` out of the mount): this absolute
     /// path is the kernel's to resolve.
@@ -231,6 +232,14 @@ impl Fs {
         self.resolve_inode_as(start, path, follow, mount, true)
     }
 
+    /// [`Fs::resolve_for_change`] for `open(O_CREAT)`: as the kernel's `open_last_lookups`, a
+    /// last name that a followed link's target ends in '/' is EISDIR before it is looked up
+    /// (`l -> a/` with `a` a file, or a link that loops, is EISDIR, not ENOTDIR or ELOOP).
+    pub fn resolve_for_create(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8]) -> Result<(Resolved, Option<Inode>)> {
+        let plan = Plan { create: true, ..Plan::of(follow, path, true, true) };
+        self.resolve_inode_planned(start, path, follow, mount, plan, None)
+    }
+
     /// [`Fs::resolve`] for a new name (`mkdir`, `symlink`, `link`, `mknod`): the walk also
     /// reads the inode of the last directory, as [`Fs::resolve_for_change`] does, and not the
     /// inode of an existing last name.
@@ -252,8 +261,11 @@ impl Fs {
         self.resolve_inode_tracking(start, path, follow, mount, want_parent, None)
     }
 
-    fn resolve_inode_tracking(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_parent: bool, mut names: Option<&mut Vec<Vec<u8>>>) -> Result<(Resolved, Option<Inode>)> {
-        let plan = Plan::of(follow, path, true, want_parent);
+    fn resolve_inode_tracking(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], want_parent: bool, names: Option<&mut Vec<Vec<u8>>>) -> Result<(Resolved, Option<Inode>)> {
+        self.resolve_inode_planned(start, path, follow, mount, Plan::of(follow, path, true, want_parent), names)
+    }
+
+    fn resolve_inode_planned(&self, start: u64, path: &[u8], follow: Follow, mount: &[u8], plan: Plan, mut names: Option<&mut Vec<Vec<u8>>>) -> Result<(Resolved, Option<Inode>)> {
         for _ in 0..RESOLVE_RETRIES_MAX {
             if let Some(names) = names.as_deref_mut() {
                 names.clear();
@@ -349,6 +361,9 @@ impl Fs {
                 return Err(FsError::NameTooLong);
             }
             let is_last = todo.is_empty();
+            if is_last && link_slash && plan.create {
+                return Err(FsError::IsDir);
+            }
             let found = self.lookup_ahead(&mut ahead, dir, &component, &todo, follow.searcher, plan)?;
             let Some(entry) = found else {
                 if is_last && !dot_last {
@@ -470,7 +485,7 @@ impl Fs {
             return Err(FsError::NameTooLong);
         }
         let mut ahead = ReadAhead::default();
-        let plan = Plan { searcher: false, last_follows: false, want_inode: true, want_parent: false };
+        let plan = Plan { searcher: false, last_follows: false, want_inode: true, want_parent: false, create: false };
         let Some(entry) = self.lookup_ahead(&mut ahead, dir, name, &[], None, plan)? else { return Ok(None) };
         let inode = self.inode_ahead(&mut ahead, entry.ino)?;
         Ok(Some((entry, inode)))
@@ -559,12 +574,14 @@ struct Plan {
     want_inode: bool,
     /// The inode of the last component's directory.
     want_parent: bool,
+    /// For `open(O_CREAT)` (see [`Fs::resolve_for_create`]).
+    create: bool,
 }
 
 impl Plan {
     /// What a walk of `path` under `follow` reads, with the last inode and its directory's.
     fn of(follow: Follow, path: &[u8], want_inode: bool, want_parent: bool) -> Self {
-        Self { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode, want_parent }
+        Self { searcher: follow.searcher.is_some(), last_follows: follow.last || path.ends_with(b"/"), want_inode, want_parent, create: false }
     }
 }
 

@@ -544,7 +544,8 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     // `l/..` with `l` a link would get wrong.
     let mut physical = None;
     let (resolved, found) = if creat {
-        resolve_for_change(state, fs, start, rel, follow)?
+        let searcher = cred_unless_root();
+        fs.resolve_for_create(start, rel, Follow { last: follow, searcher: searcher.as_ref() }, &state.mount).map_err(fs_errno)?
     } else if start == kura_fs::ROOT_INO && rel.split(|&b| b == b'/').any(|c| c == b"..") {
         let searcher = cred_unless_root();
         let mut names = Vec::new();
@@ -566,10 +567,6 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         Resolved::Missing { parent, name } => {
             if !creat {
                 return Err(libc::ENOENT);
-            }
-            // Through a link to `new/` (see `Resolved::Missing`).
-            if name.ends_with(b"/") {
-                return Err(libc::EISDIR);
             }
             check_create_in(fs, parent)?;
             let perm = mode & 0o7777 & !umask_now();
@@ -2181,11 +2178,17 @@ fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_
             }
             return ret_int(with_fs(state, |fs| match fs.getattr_open(of.ino) {
                 // A directory removed while open: its attributes live on in this process's
-                // descriptors until they close, and change there, as on Linux.
+                // descriptors until they close, and change there, as on Linux: in every
+                // description of it (one inode, however many opens).
                 Err(FsError::Stale) if of.is_dir => {
                     let mut inode = open_inode(fs, &of)?;
                     let attr = cred().check_setattr(&inode, attr, times_now).map_err(fs_errno)?;
                     kura_fs::ns::apply_setattr(&mut inode, &attr, kura_fs::ns::now_ns());
+                    for (_, other) in state.fds.all() {
+                        if other.is_dir && other.ino == of.ino {
+                            *other.dir_inode.lock() = Some(inode.clone());
+                        }
+                    }
                     *of.dir_inode.lock() = Some(inode);
                     Ok(0)
                 }

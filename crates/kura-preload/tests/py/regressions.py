@@ -195,6 +195,39 @@ def o_trunc_sets_the_times_of_an_empty_file(root):
     return [after.st_mtime > before.st_mtime, after.st_ctime >= before.st_ctime, after.st_size]
 
 
+def two_opens_of_a_removed_directory_share_its_attributes(root):
+    # One inode however many opens: a fchmod through one descriptor of a directory removed
+    # while open shows through the other (kura changed only the first one's copy).
+    os.mkdir(f"{root}/gone", 0o755)
+    a = os.open(f"{root}/gone", os.O_RDONLY)
+    b = os.open(f"{root}/gone/.", os.O_RDONLY)
+    os.rmdir(f"{root}/gone")
+    os.chmod(a, 0o444)
+    os.utime(a, ns=(5, 7))
+    st = os.fstat(b)
+    os.close(a)
+    os.close(b)
+    return [f"{st.st_mode:o} nlink={st.st_nlink} mtime={st.st_mtime_ns}"]
+
+
+def create_through_a_link_to_a_name_and_slash(root):
+    # open(O_CREAT) through a link whose target ends in '/' is EISDIR before the last name
+    # is looked up: a link there that loops (kura said ELOOP), a file (kura: ENOTDIR), a
+    # directory; without O_CREAT the name is followed and must be a directory.
+    os.symlink("self/", f"{root}/self")
+    os.symlink("file/", f"{root}/to_file")
+    os.symlink("dir/", f"{root}/to_dir")
+    creat = os.O_RDWR | os.O_CREAT
+    return [
+        attempt(lambda: os.open(f"{root}/self", creat)),
+        attempt(lambda: os.open(f"{root}/to_file", creat)),
+        attempt(lambda: os.open(f"{root}/to_dir", creat)),
+        attempt(lambda: os.open(f"{root}/link/../self", creat)),
+        attempt(lambda: os.open(f"{root}/self", os.O_RDONLY)),
+        attempt(lambda: os.open(f"{root}/to_file", os.O_RDONLY)),
+    ]
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -210,6 +243,8 @@ CASES = [
     descriptor_calls_checked_as_the_kernel_does,
     o_path_descriptors,
     o_trunc_sets_the_times_of_an_empty_file,
+    two_opens_of_a_removed_directory_share_its_attributes,
+    create_through_a_link_to_a_name_and_slash,
 ]
 
 
