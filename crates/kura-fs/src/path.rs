@@ -361,7 +361,8 @@ impl Fs {
                 return Err(FsError::NameTooLong);
             }
             let is_last = todo.is_empty();
-            if is_last && link_slash && plan.create {
+            // Not after `/.` (the kernel's last name is then the dot: `l/.` follows `l` whole).
+            if is_last && link_slash && plan.create && !dot_last {
                 return Err(FsError::IsDir);
             }
             let found = self.lookup_ahead(&mut ahead, dir, &component, &todo, follow.searcher, plan)?;

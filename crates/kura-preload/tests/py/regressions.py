@@ -223,6 +223,10 @@ def create_through_a_link_to_a_name_and_slash(root):
         attempt(lambda: os.open(f"{root}/to_file", creat)),
         attempt(lambda: os.open(f"{root}/to_dir", creat)),
         attempt(lambda: os.open(f"{root}/link/../self", creat)),
+        # After `/.` the dot is the last name: the link is followed whole (ELOOP; kura said
+        # EISDIR), and a directory there is EISDIR as an O_CREAT open of one.
+        attempt(lambda: os.open(f"{root}/self/.", creat)),
+        attempt(lambda: os.open(f"{root}/to_dir/.", creat)),
         attempt(lambda: os.open(f"{root}/self", os.O_RDONLY)),
         attempt(lambda: os.open(f"{root}/to_file", os.O_RDONLY)),
     ]
