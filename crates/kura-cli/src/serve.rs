@@ -14,6 +14,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     // starts its threads.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS_MAX) };
     let config = args.to_config().map_err(anyhow::Error::msg)?;
-    kura_server::run(&config)?;
+    kura_server::run(&config, &args.to_process_config())?;
     Ok(())
 }

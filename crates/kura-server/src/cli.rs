@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::config::{
     self, Bytes, MAX_CONNECTIONS_DEFAULT, MEMORY_LIMIT_MB_DEFAULT, ModeArg, PORT_DEFAULT,
-    ServerConfig, SyncPolicy,
+    ProcessConfig, ServerConfig, SyncPolicy, UnixSocket,
 };
 
 /// Serve the memcached protocol from a kura store: values on flash, hot items in RAM.
@@ -26,6 +26,30 @@ pub struct ServeArgs {
     /// Address to listen on; several separated by commas (memcached -l).
     #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
     pub listen: String,
+    /// Listen on this Unix socket instead of TCP (memcached -s: -p and -l are then not
+    /// used). A socket left there by an earlier run is replaced; the file goes at exit.
+    #[arg(short = 's', long = "unix-socket")]
+    pub unix_socket: Option<PathBuf>,
+    /// Permissions of the -s socket, in octal (memcached -a).
+    #[arg(short = 'a', long = "unix-mask", default_value = "700", value_parser = parse_octal_mode)]
+    pub unix_mask: u32,
+    /// Let a client stop the server with `shutdown` or `shutdown graceful` (memcached -A):
+    /// both stop it as SIGTERM does, syncing the store. Without -A, `shutdown` is refused.
+    #[arg(short = 'A', long = "enable-shutdown")]
+    pub enable_shutdown: bool,
+    /// Run in the background (memcached -d): the command returns once the server listens
+    /// (exit 0) or failed to start (its error, exit 1). The server's working directory
+    /// becomes /, so relative paths are taken from where it was started; its log goes to
+    /// stderr when stderr is not a terminal (a file, the journal), else nowhere.
+    #[arg(short = 'd', long = "daemon")]
+    pub daemon: bool,
+    /// Write the server's process id to this file (memcached -P), removed at a clean exit.
+    #[arg(short = 'P', long = "pidfile")]
+    pub pidfile: Option<PathBuf>,
+    /// When started as root, run as this user once the sockets are bound and the store is
+    /// open (memcached -u); the store's files stay as root made them. Ignored when not root.
+    #[arg(short = 'u', long = "user")]
+    pub user: Option<String>,
     /// UDP port (memcached -U). kura speaks TCP only, so 0 (off, memcached's default) is the only value accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     pub udp_port: u16,
@@ -99,8 +123,9 @@ impl ServeArgs {
             ));
         }
         let mut listen = Vec::new();
-        for host in self
-            .listen
+        // memcached: -s turns the network off.
+        let hosts = if self.unix_socket.is_some() { "" } else { self.listen.as_str() };
+        for host in hosts
             .split(',')
             .map(str::trim)
             .filter(|h| !h.is_empty())
@@ -120,8 +145,11 @@ impl ServeArgs {
             .block_size
             .map(|b| u32::try_from(b.0).map_err(|_| "--block-size must be below 4G".to_owned()))
             .transpose()?;
+        let unix_socket = self.unix_socket.clone().map(|path| UnixSocket { path, mode: self.unix_mask });
         let config = ServerConfig {
             listen,
+            unix_socket,
+            enable_shutdown: self.enable_shutdown,
             max_connections: self.max_connections,
             threads,
             memory_limit_bytes: self.memory_limit_mb.saturating_mul(1 << 20),
@@ -144,6 +172,20 @@ impl ServeArgs {
         config.validate()?;
         Ok(config)
     }
+
+    /// What the server's process does besides serving.
+    pub fn to_process_config(&self) -> ProcessConfig {
+        ProcessConfig { daemon: self.daemon, pidfile: self.pidfile.clone(), user: self.user.clone() }
+    }
+}
+
+/// `-a`'s octal permissions (`700`, `0770`).
+fn parse_octal_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not octal permissions (e.g. 700, 770)"))?;
+    if mode > 0o777 {
+        return Err(format!("{s}: permissions are at most 777"));
+    }
+    Ok(mode)
 }
 
 #[cfg(test)]
@@ -185,6 +227,30 @@ mod tests {
         assert_eq!(config(&["--poll-spin-us", "200"]).unwrap().poll_spin, Duration::from_micros(200));
         let too_long = (config::POLL_SPIN_US_MAX + 1).to_string();
         assert!(config(&["--poll-spin-us", &too_long]).unwrap_err().contains("poll-spin-us"));
+    }
+
+    #[test]
+    fn a_unix_socket_turns_tcp_off() {
+        let c = config(&["-s", "/run/kura.sock", "-a", "0770", "-A"]).unwrap();
+        assert!(c.listen.is_empty());
+        assert_eq!(c.unix_socket, Some(UnixSocket { path: "/run/kura.sock".into(), mode: 0o770 }));
+        assert!(c.enable_shutdown);
+        let c = config(&["-s", "k.sock"]).unwrap();
+        assert_eq!(c.unix_socket.unwrap().mode, config::UNIX_MASK_DEFAULT);
+        assert!(!config(&[]).unwrap().enable_shutdown);
+        assert!(config(&["-s", "k.sock", "-a", "778"]).unwrap_err().contains("not octal"));
+        assert!(config(&["-s", "k.sock", "-a", "1000"]).unwrap_err().contains("at most 777"));
+    }
+
+    #[test]
+    fn debians_memcached_conf_is_accepted() {
+        let args = ["-m", "64", "-p", "11211", "-u", "memcache", "-l", "127.0.0.1", "-P", "/var/run/memcached/memcached.pid", "-d"];
+        let cli = Cli::try_parse_from(std::iter::once("kura-server").chain(args)).unwrap();
+        assert_eq!(
+            cli.serve.to_process_config(),
+            ProcessConfig { daemon: true, pidfile: Some("/var/run/memcached/memcached.pid".into()), user: Some("memcache".into()) }
+        );
+        assert!(cli.serve.to_config().is_ok());
     }
 
     #[test]

@@ -48,6 +48,29 @@ pub const POLL_SPIN_US_DEFAULT: u64 = 50;
 /// Largest `--poll-spin-us`.
 pub const POLL_SPIN_US_MAX: u64 = 100_000;
 
+/// memcached's default `-a`: the Unix socket only for its owner.
+pub const UNIX_MASK_DEFAULT: u32 = 0o700;
+
+/// A Unix socket to listen on (memcached's `-s` and `-a`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnixSocket {
+    pub path: PathBuf,
+    /// The socket file's permissions (`-a`, octal on the command line).
+    pub mode: u32,
+}
+
+/// What `kura serve` does as a process besides serving (memcached's `-d`, `-P`, `-u`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessConfig {
+    /// Detach from the terminal and run in the background once the server is up.
+    pub daemon: bool,
+    /// A file to write the server's process id to (removed at exit).
+    pub pidfile: Option<PathBuf>,
+    /// When started as root: the user to run as once the sockets are bound and the store
+    /// is open.
+    pub user: Option<String>,
+}
+
 /// When writes are made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncPolicy {
@@ -145,8 +168,12 @@ impl FromStr for Bytes {
 /// Everything the server needs to start.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Addresses to listen on (memcached's `-l`, resolved).
+    /// Addresses to listen on (memcached's `-l`, resolved); none with a Unix socket.
     pub listen: Vec<SocketAddr>,
+    /// A Unix socket to listen on instead (memcached's `-s`).
+    pub unix_socket: Option<UnixSocket>,
+    /// `shutdown` stops the server (memcached's `-A`); otherwise it is refused.
+    pub enable_shutdown: bool,
     pub max_connections: usize,
     pub threads: usize,
     pub memory_limit_bytes: u64,
@@ -171,8 +198,13 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// Checks values that depend on each other.
     pub fn validate(&self) -> Result<(), String> {
-        if self.listen.is_empty() {
+        if self.listen.is_empty() && self.unix_socket.is_none() {
             return Err("nothing to listen on".to_owned());
+        }
+        if let Some(unix) = &self.unix_socket
+            && unix.mode > 0o777
+        {
+            return Err(format!("-a/--unix-mask {:o}: permissions are at most 777 (octal)", unix.mode));
         }
         if self.threads == 0 {
             return Err("-t/--threads must be at least 1".to_owned());

@@ -15,7 +15,7 @@ use kura_proto::encode::{
 };
 use kura_proto::{
     KEY_LENGTH_MAX, WatchFlags, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, MetadumpClasses,
-    Parsed, ParserLimits, Request, Retrieval, SetMode, Storage, StorageCommand,
+    Parsed, ParserLimits, Request, Retrieval, SetMode, ShutdownMode, Storage, StorageCommand,
 };
 
 use crate::cache::Probe;
@@ -32,6 +32,7 @@ use crate::uring::ReadQueue;
 
 /// memcached's answer to `shutdown` when it was not enabled with `-A`.
 const SHUTDOWN_DISABLED: &[u8] = b"ERROR: shutdown not enabled\r\n";
+const SHUTDOWN_INVALID: &[u8] = b"CLIENT_ERROR invalid shutdown mode\r\n";
 /// `cache_memlimit` below this many MiB is refused (memcached's floor).
 const CACHE_MEMLIMIT_MB_MIN: u32 = 8;
 
@@ -207,7 +208,14 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         Request::Stats { args } => stats(ctx, &args),
         // kura has no slab allocator or LRU segments to tune: memcached's answer.
         Request::Tuning(reply) => ctx.out.push_bytes(reply.line()),
-        Request::Shutdown(_) => ctx.out.push_bytes(SHUTDOWN_DISABLED),
+        Request::Shutdown(_) if !ctx.sources.info.shutdown_enabled => ctx.out.push_bytes(SHUTDOWN_DISABLED),
+        Request::Shutdown(ShutdownMode::Invalid) => ctx.out.push_bytes(SHUTDOWN_INVALID),
+        // memcached closes the connection without a reply and stops (graceful or not); kura
+        // always stops as at SIGTERM: in-flight replies sent, the store synced.
+        Request::Shutdown(_) => {
+            ctx.sources.stop_requested.store(true, std::sync::atomic::Ordering::Release);
+            return Flow::Close;
+        }
         Request::Metadump(_) | Request::Mgdump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::DISABLED_REPLY),
         Request::Metadump(MetadumpClasses::Invalid) | Request::Mgdump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
         Request::LruCrawler(command) => {

@@ -46,6 +46,7 @@ pub mod heap;
 pub mod metadump;
 pub mod metrics;
 pub mod output;
+pub mod process;
 pub mod record;
 pub mod server;
 pub mod signals;
@@ -59,5 +60,5 @@ pub mod watch;
 pub mod worker;
 
 pub use cli::ServeArgs;
-pub use config::{ServerConfig, SyncPolicy};
+pub use config::{ProcessConfig, ServerConfig, SyncPolicy};
 pub use server::{Server, ServerError, run};

@@ -21,12 +21,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kura_proto::ParserLimits;
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::config::{ServerConfig, SyncPolicy};
+use crate::config::{ProcessConfig, ServerConfig, SyncPolicy};
 use crate::heap;
+use crate::process::{self, PidFile, ProcessError};
 use crate::signals::TerminationSignals;
+use crate::socket::{Listener, Stream};
 use crate::stats::{ConnStats, ServerInfo, StatsSources, WorkerStats};
 use crate::store::{Store, StoreConfig, StoreError};
 use crate::worker::{Shared, WAKER, Worker, WorkerLimits};
@@ -47,6 +49,10 @@ pub enum ServerError {
     Store { path: String, source: StoreError },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: io::Error },
+    #[error("cannot listen on the Unix socket {path}: {source}")]
+    ListenUnix { path: String, source: io::Error },
+    #[error(transparent)]
+    Process(#[from] ProcessError),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
     #[error("{what}: {source}")]
@@ -70,20 +76,63 @@ pub struct Server {
     metrics: Option<JoinHandle<()>>,
 }
 
-/// Runs the server until SIGTERM or SIGINT, then shuts it down cleanly.
-pub fn run(config: &ServerConfig) -> Result<(), ServerError> {
+/// Runs the server until SIGTERM, SIGINT or (with `-A`) a client's `shutdown`, then shuts it
+/// down cleanly; as a daemon, with a pid file, as another user as `process` says. Call it
+/// before the process starts any thread (`-d` forks).
+pub fn run(config: &ServerConfig, process: &ProcessConfig) -> Result<(), ServerError> {
+    if !process.daemon {
+        return serve(config, process, None);
+    }
+    // The daemon's working directory is /.
+    let mut config = config.clone();
+    config.path = process::absolute(&config.path);
+    if let Some(unix) = config.unix_socket.as_mut() {
+        unix.path = process::absolute(&unix.path);
+    }
+    let pidfile = process.pidfile.as_deref().map(process::absolute);
+    let process = ProcessConfig { pidfile, ..process.clone() };
+    let daemon = process::daemonize()?;
+    serve(&config, &process, Some(daemon))
+}
+
+fn serve(config: &ServerConfig, process: &ProcessConfig, daemon: Option<process::Daemon>) -> Result<(), ServerError> {
     // Before any thread starts, so that every thread inherits the mask.
     let signals = TerminationSignals::block().map_err(|source| ServerError::Io {
         what: "blocking signals",
         source,
     })?;
-    let server = Server::start(config)?;
+    let started = Server::start(config).and_then(|server| {
+        let pidfile = process.pidfile.as_deref().map(PidFile::create).transpose()?;
+        if let Some(user) = &process.user {
+            process::drop_privileges(user)?;
+        }
+        Ok((server, pidfile))
+    });
+    let (server, _pidfile) = match started {
+        Ok(started) => started,
+        Err(error) => {
+            if let Some(daemon) = daemon {
+                daemon.failed(&error);
+            }
+            return Err(error);
+        }
+    };
     for addr in server.local_addrs() {
         tracing::info!(%addr, path = %config.path.display(), "kura serves memcached");
+    }
+    if let Some(unix) = &config.unix_socket {
+        tracing::info!(socket = %unix.path.display(), path = %config.path.display(), "kura serves memcached");
+    }
+    if let Some(daemon) = daemon {
+        daemon.ready();
     }
     loop {
         if let Some(signal) = signals.wait(SIGNAL_POLL_INTERVAL) {
             tracing::info!(signal, "shutting down");
+            break;
+        }
+        if server.stop_requested() {
+            tracing::info!("a client sent shutdown; shutting down");
             break;
         }
         if server.shared.shutdown.load(Ordering::Acquire) {
@@ -101,11 +150,21 @@ impl Server {
         let store = open_store(config)?;
         let instance_id = crate::stats::new_instance_id();
         publish_changes(&store, &config.path, instance_id);
-        let listeners = bind_all(&config.listen)?;
+        let mut listeners = bind_all(&config.listen)?;
         let local_addrs = listeners
             .iter()
-            .filter_map(|l| l.local_addr().ok())
+            .filter_map(|l| match l {
+                Listener::Tcp(l) => l.local_addr().ok(),
+                Listener::Unix { .. } => None,
+            })
             .collect::<Vec<_>>();
+        if let Some(unix) = &config.unix_socket {
+            let listener = Listener::bind_unix(&unix.path, unix.mode).map_err(|source| ServerError::ListenUnix {
+                path: unix.path.display().to_string(),
+                source,
+            })?;
+            listeners.push(listener);
+        }
         let metrics_listener = config
             .metrics_addr
             .map(|addr| {
@@ -118,7 +177,7 @@ impl Server {
             .collect();
         let conns = Arc::new(ConnStats::default());
         for listener in &listeners {
-            if let Ok(addr) = listener.local_addr() {
+            if let Some(addr) = listener.addr() {
                 use std::os::fd::AsRawFd as _;
                 let entry = crate::stats::ConnEntry::listener(addr);
                 conns.registry.insert(listener.as_raw_fd(), Arc::new(entry));
@@ -133,6 +192,7 @@ impl Server {
                     max_connections: config.max_connections,
                     item_size_max_bytes: config.item_size_max_bytes,
                     port: local_addrs.first().map_or(0, SocketAddr::port),
+                    shutdown_enabled: config.enable_shutdown,
                     instance_id,
                 },
                 conns: Arc::clone(&conns),
@@ -140,6 +200,7 @@ impl Server {
                 store: Arc::clone(&store),
                 crawler: Arc::new(crate::crawler::Crawler::new(Arc::clone(&store), Arc::clone(&conns))),
                 watchers: Arc::default(),
+                stop_requested: AtomicBool::new(false),
             },
             store,
             conns,
@@ -219,8 +280,14 @@ impl Server {
         })
     }
 
+    /// The TCP addresses it listens on.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// A client sent `shutdown` (allowed by `-A`): the caller should [`Server::shutdown`].
+    pub fn stop_requested(&self) -> bool {
+        self.shared.sources.stop_requested.load(Ordering::Acquire)
     }
 
     /// Stops accepting, drains every connection, syncs and closes the store.
@@ -314,10 +381,10 @@ fn publish_changes(store: &Store, store_path: &std::path::Path, instance_id: u64
     }
 }
 
-fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, ServerError> {
+fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<Listener>, ServerError> {
     addrs
         .iter()
-        .map(|&addr| TcpListener::bind(addr).map_err(|source| ServerError::Listen { addr, source }))
+        .map(|&addr| TcpListener::bind(addr).map(Listener::Tcp).map_err(|source| ServerError::Listen { addr, source }))
         .collect()
 }
 
@@ -344,8 +411,8 @@ fn worker_limits(config: &ServerConfig) -> WorkerLimits {
 }
 
 fn start_acceptor(
-    mut listeners: Vec<TcpListener>,
-    inboxes: Vec<(Sender<TcpStream>, Arc<Waker>)>,
+    mut listeners: Vec<Listener>,
+    inboxes: Vec<(Sender<Stream>, Arc<Waker>)>,
     shared: Arc<Shared>,
     max_connections: usize,
 ) -> Result<(JoinHandle<()>, Arc<Waker>), ServerError> {
@@ -385,14 +452,14 @@ fn start_acceptor(
 }
 
 fn accept_all(
-    listener: &TcpListener,
-    inboxes: &[(Sender<TcpStream>, Arc<Waker>)],
+    listener: &Listener,
+    inboxes: &[(Sender<Stream>, Arc<Waker>)],
     shared: &Shared,
     max_connections: usize,
     next: &mut usize,
 ) {
     loop {
-        let (mut stream, _) = match listener.accept() {
+        let mut stream = match listener.accept() {
             Ok(accepted) => accepted,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -411,7 +478,6 @@ fn accept_all(
         }
         conns.curr_connections.fetch_add(1, Ordering::Relaxed);
         conns.total_connections.fetch_add(1, Ordering::Relaxed);
-        let _ = stream.set_nodelay(true);
         let (tx, waker) = &inboxes[*next % inboxes.len()];
         *next = next.wrapping_add(1);
         if tx.send(stream).is_err() {

@@ -68,15 +68,23 @@ pub struct ConnRegistry {
     entries: std::sync::Mutex<std::collections::BTreeMap<i32, Arc<ConnEntry>>>,
 }
 
+/// A listener's or a connection's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnAddr {
+    Tcp(SocketAddr),
+    /// A Unix socket's path (empty for a client's end, which has no name).
+    Unix(String),
+}
+
 /// One listener or connection in the [`ConnRegistry`].
 #[derive(Debug)]
 pub struct ConnEntry {
     /// The peer's address (a listener's own); `None` if the socket could not tell.
-    pub addr: Option<SocketAddr>,
+    pub addr: Option<ConnAddr>,
     /// A listener (`conn_listening`, no `listen_addr`).
     listener: bool,
     /// The address a connection was accepted on.
-    listen_addr: Option<SocketAddr>,
+    listen_addr: Option<ConnAddr>,
     /// Seconds from the server's start to the last command read (to the accept, before
     /// one): `secs_since_last_cmd` is the time since.
     last_cmd_s: AtomicU64,
@@ -90,16 +98,16 @@ pub struct ConnEntry {
 
 impl ConnEntry {
     /// A listener on `addr`, there since the server started.
-    pub fn listener(addr: SocketAddr) -> Self {
+    pub fn listener(addr: ConnAddr) -> Self {
         Self::new(Some(addr), true, None, 0)
     }
 
     /// A connection from `peer`, accepted on `listen_addr` `now_s` seconds after the start.
-    pub fn connection(peer: Option<SocketAddr>, listen_addr: Option<SocketAddr>, now_s: u64) -> Self {
+    pub fn connection(peer: Option<ConnAddr>, listen_addr: Option<ConnAddr>, now_s: u64) -> Self {
         Self::new(peer, false, listen_addr, now_s)
     }
 
-    fn new(addr: Option<SocketAddr>, listener: bool, listen_addr: Option<SocketAddr>, now_s: u64) -> Self {
+    fn new(addr: Option<ConnAddr>, listener: bool, listen_addr: Option<ConnAddr>, now_s: u64) -> Self {
         Self { addr, listener, listen_addr, last_cmd_s: AtomicU64::new(now_s), writing: Default::default(), spoke: Default::default(), watching: Default::default() }
     }
 
@@ -120,11 +128,13 @@ impl ConnEntry {
     }
 }
 
-/// memcached's form of an address in `stats conns`: `tcp:<ip>:<port>`, `tcp6:[<ip>]:<port>`.
-fn conn_addr(addr: Option<SocketAddr>) -> String {
+/// memcached's form of an address in `stats conns`: `tcp:<ip>:<port>`, `tcp6:[<ip>]:<port>`,
+/// `unix:<path>`.
+fn conn_addr(addr: &Option<ConnAddr>) -> String {
     match addr {
-        Some(SocketAddr::V4(a)) => format!("tcp:{a}"),
-        Some(SocketAddr::V6(a)) => format!("tcp6:{a}"),
+        Some(ConnAddr::Tcp(SocketAddr::V4(a))) => format!("tcp:{a}"),
+        Some(ConnAddr::Tcp(SocketAddr::V6(a))) => format!("tcp6:{a}"),
+        Some(ConnAddr::Unix(path)) => format!("unix:{path}"),
         None => "tcp:?".to_owned(),
     }
 }
@@ -156,11 +166,11 @@ impl ConnRegistry {
         let entries = self.lock();
         let mut lines = Vec::with_capacity(entries.len() * 4);
         for (fd, entry) in entries.iter() {
-            lines.push((format!("{fd}:addr"), conn_addr(entry.addr)));
+            lines.push((format!("{fd}:addr"), conn_addr(&entry.addr)));
             let state = match entry.listener {
                 true => "conn_listening",
                 false => {
-                    lines.push((format!("{fd}:listen_addr"), conn_addr(entry.listen_addr)));
+                    lines.push((format!("{fd}:listen_addr"), conn_addr(&entry.listen_addr)));
                     if *fd == asking_fd {
                         "conn_parse_cmd"
                     } else if entry.watching.load(Ordering::Relaxed) {
@@ -190,6 +200,8 @@ pub struct ServerInfo {
     pub max_connections: usize,
     pub item_size_max_bytes: usize,
     pub port: u16,
+    /// `shutdown` stops the server (`-A`).
+    pub shutdown_enabled: bool,
     /// Random per process start ([`new_instance_id`]): a client that sees it change knows
     /// the server restarted (and may have lost writes it acknowledged but had not synced).
     pub instance_id: u64,
@@ -224,6 +236,8 @@ pub struct StatsSources {
     pub crawler: Arc<crate::crawler::Crawler>,
     /// `watch`ing connections and what they are sent.
     pub watchers: Arc<crate::watch::Watchers>,
+    /// A client sent `shutdown` (with `-A`): the server stops as at SIGTERM.
+    pub stop_requested: std::sync::atomic::AtomicBool,
 }
 
 pub const VERSION: &str = concat!("1.6.18-kura-", env!("CARGO_PKG_VERSION"));

@@ -187,11 +187,16 @@ impl Watchers {
     }
 
     /// `type=conn_new` / `type=conn_close` (with its reason).
-    pub fn conn_event(&self, peer: Option<std::net::SocketAddr>, cfd: i32, closed_because: Option<&str>) {
+    pub fn conn_event(&self, peer: Option<&crate::stats::ConnAddr>, cfd: i32, closed_because: Option<&str>) {
+        use crate::stats::ConnAddr;
         self.log(WatchFlags::CONNEVENTS, |out| {
-            let (ip, port) = peer.map_or_else(|| ("?".to_owned(), 0), |a| (a.ip().to_string(), a.port()));
+            let (ip, port, transport) = match peer {
+                Some(ConnAddr::Tcp(a)) => (a.ip().to_string(), a.port(), "tcp"),
+                Some(ConnAddr::Unix(_)) => (String::new(), 0, "local"),
+                None => ("?".to_owned(), 0, "tcp"),
+            };
             let kind = if closed_because.is_some() { "conn_close" } else { "conn_new" };
-            out.extend_from_slice(format!("type={kind} rip={ip} rport={port} transport=tcp").as_bytes());
+            out.extend_from_slice(format!("type={kind} rip={ip} rport={port} transport={transport}").as_bytes());
             if let Some(reason) = closed_because {
                 out.extend_from_slice(format!(" reason={reason}").as_bytes());
             }

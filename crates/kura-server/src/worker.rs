@@ -37,7 +37,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use kura_proto::{Parsed, ParserLimits, Recovery};
-use mio::net::TcpStream;
+use crate::socket::Stream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
@@ -96,7 +96,7 @@ pub struct Shared {
 }
 
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// What `stats conns` shows of it.
     entry: Arc<ConnEntry>,
     /// It sent `watch`: log lines go to it, its input is dropped.
@@ -176,7 +176,7 @@ pub struct Worker {
     shared: Arc<Shared>,
     stats: Arc<WorkerStats>,
     poll: Poll,
-    inbox: Receiver<TcpStream>,
+    inbox: Receiver<Stream>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     next_gen: u64,
@@ -207,7 +207,7 @@ impl Worker {
         stats: Arc<WorkerStats>,
         poll: Poll,
         waker: Arc<Waker>,
-        inbox: Receiver<TcpStream>,
+        inbox: Receiver<Stream>,
     ) -> io::Result<Self> {
         let reads = ReadQueue::new(
             shared.store.engine().device(),
@@ -475,9 +475,9 @@ impl Worker {
             let generation = self.next_gen;
             self.next_gen += 1;
             let now_s = self.shared.sources.info.uptime_s_at(Instant::now());
-            let entry = Arc::new(ConnEntry::connection(stream.peer_addr().ok(), stream.local_addr().ok(), now_s));
+            let entry = Arc::new(ConnEntry::connection(stream.peer(), stream.local(), now_s));
             self.shared.conns.registry.insert(stream.as_raw_fd(), Arc::clone(&entry));
-            self.shared.sources.watchers.conn_event(entry.addr, stream.as_raw_fd(), None);
+            self.shared.sources.watchers.conn_event(entry.addr.as_ref(), stream.as_raw_fd(), None);
             self.conns[index] = Some(Conn {
                 stream,
                 entry,
@@ -982,7 +982,7 @@ impl Worker {
             self.watches -= 1;
         }
         let fd = conn.stream.as_raw_fd();
-        watchers.conn_event(conn.entry.addr, fd, Some(reason));
+        watchers.conn_event(conn.entry.addr.as_ref(), fd, Some(reason));
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.shared.conns.registry.remove(fd, &conn.entry);
         self.free.push(index);

@@ -4,7 +4,7 @@
 //! unequal stay visible) and TTLs rounded as in `differential.rs`.
 //!
 //! A failure names its seed; `KURA_DIFF_SEED=<n>` replays that one sequence,
-//! `KURA_DIFF_SEQUENCES=<n>` runs more, and `KURA_DIFF_ALL=1` goes on past
+//! `KURA_DIFF_SEQUENCES=<n>` runs more (from `KURA_DIFF_FIRST_SEED`, default 0), and `KURA_DIFF_ALL=1` goes on past
 //! a divergence to the next sequence and reports every first divergence;
 //! `KURA_DIFF_TRACE=1` prints every command with memcached's reply.
 //! Skipped, with a reason, where memcached is not installed.
@@ -558,7 +558,10 @@ fn random_sequences_answer_like_memcached() {
     let kura = Kura::start(&[]);
     let seeds: Vec<u64> = match env_u64("KURA_DIFF_SEED") {
         Some(seed) => vec![seed],
-        None => (0..env_u64("KURA_DIFF_SEQUENCES").unwrap_or(SEQUENCES)).collect(),
+        None => {
+            let first = env_u64("KURA_DIFF_FIRST_SEED").unwrap_or(0);
+            (first..first + env_u64("KURA_DIFF_SEQUENCES").unwrap_or(SEQUENCES)).collect()
+        }
     };
     let report_all = std::env::var_os("KURA_DIFF_ALL").is_some();
     let mut failures = Vec::new();

@@ -33,6 +33,6 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let config = cli.serve.to_config().map_err(anyhow::Error::msg)?;
-    kura_server::run(&config)?;
+    kura_server::run(&config, &cli.serve.to_process_config())?;
     Ok(())
 }
