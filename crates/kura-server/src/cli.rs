@@ -8,9 +8,11 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config::{
-    self, Bytes, MAX_CONNECTIONS_DEFAULT, MEMORY_LIMIT_MB_DEFAULT, ModeArg, PORT_DEFAULT,
-    ProcessConfig, ServerConfig, SyncPolicy, UnixSocket,
+    self, Allowed, Bytes, LISTEN_BACKLOG_DEFAULT, MAX_CONNECTIONS_DEFAULT, MEMORY_LIMIT_MB_DEFAULT,
+    ModeArg, PORT_DEFAULT, ProcessConfig, ServerConfig, SyncPolicy, UnixSocket,
 };
+use kura_engine::Mode;
+use kura_proto::CrawlerCommand;
 
 /// Serve the memcached protocol from a kura store: values on flash, hot items in RAM.
 ///
@@ -50,6 +52,29 @@ pub struct ServeArgs {
     /// open (memcached -u); the store's files stay as root made them. Ignored when not root.
     #[arg(short = 'u', long = "user")]
     pub user: Option<String>,
+    /// Never evict (memcached -M): the same as --mode store; a full store answers
+    /// "SERVER_ERROR out of memory".
+    #[arg(short = 'M', long = "disable-evictions")]
+    pub disable_evictions: bool,
+    /// Refuse flush_all ("CLIENT_ERROR flush_all not allowed"; memcached -F).
+    #[arg(short = 'F', long = "disable-flush-all")]
+    pub disable_flush_all: bool,
+    /// Refuse lru_crawler metadump and mgdump (memcached -X).
+    #[arg(short = 'X', long = "disable-dumping")]
+    pub disable_dumping: bool,
+    /// Refuse watch (memcached -W).
+    #[arg(short = 'W', long = "disable-watch")]
+    pub disable_watch: bool,
+    /// Connections the kernel queues for the server before it accepts them (memcached -b).
+    #[arg(short = 'b', long = "listen-backlog", default_value_t = LISTEN_BACKLOG_DEFAULT)]
+    pub listen_backlog: u32,
+    /// memcached's extended options, comma-separated (memcached -o). idle_timeout=N,
+    /// lru_crawler, no_lru_crawler, lru_crawler_sleep=N and lru_crawler_tocrawl=N act as in
+    /// memcached; the options of its slab allocator, LRU, hash table and extstore are taken
+    /// and logged as having no effect (kura has none of those: values live in its own flash
+    /// store); an option memcached does not have is an error, as in memcached.
+    #[arg(short = 'o', long = "extended", value_delimiter = ',')]
+    pub extended: Vec<String>,
     /// UDP port (memcached -U). kura speaks TCP only, so 0 (off, memcached's default) is the only value accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     pub udp_port: u16,
@@ -146,22 +171,39 @@ impl ServeArgs {
             .map(|b| u32::try_from(b.0).map_err(|_| "--block-size must be below 4G".to_owned()))
             .transpose()?;
         let unix_socket = self.unix_socket.clone().map(|path| UnixSocket { path, mode: self.unix_mask });
+        let mode = match (self.mode.map(|m| m.0), self.disable_evictions) {
+            (Some(Mode::Cache), true) => return Err("-M (never evict) contradicts --mode cache".to_owned()),
+            (_, true) => Some(Mode::Store),
+            (mode, false) => mode,
+        };
+        let extended = Extended::parse(&self.extended)?;
+        for option in &extended.no_effect {
+            tracing::warn!(option, "-o {option}: memcached's option has no effect in kura (no slab allocator, LRU, hash table or extstore to tune)");
+        }
+        let idle_timeout_s = extended.idle_timeout_s.unwrap_or(self.idle_timeout_s);
+        let allowed = Allowed {
+            shutdown: self.enable_shutdown,
+            flush_all: !self.disable_flush_all,
+            dumping: !self.disable_dumping,
+            watch: !self.disable_watch,
+        };
         let config = ServerConfig {
             listen,
             unix_socket,
-            enable_shutdown: self.enable_shutdown,
+            allowed,
+            listen_backlog: self.listen_backlog,
+            crawler_setup: extended.crawler,
             max_connections: self.max_connections,
             threads,
             memory_limit_bytes: self.memory_limit_mb.saturating_mul(1 << 20),
             item_size_max_bytes,
             path: self.path.clone(),
             size_bytes: self.size.0,
-            mode: self.mode.map(|m| m.0),
+            mode,
             block_size_bytes,
             sync: self.sync,
             metrics_addr: self.metrics_addr,
-            idle_timeout: (self.idle_timeout_s > 0)
-                .then(|| Duration::from_secs(self.idle_timeout_s)),
+            idle_timeout: (idle_timeout_s > 0).then(|| Duration::from_secs(idle_timeout_s)),
             output_high_bytes: config::OUTPUT_HIGH_BYTES_DEFAULT,
             pending_reads_per_conn_max: config::PENDING_READS_PER_CONN_MAX,
             read_queue_depth: config::READ_QUEUE_DEPTH_DEFAULT,
@@ -176,6 +218,61 @@ impl ServeArgs {
     /// What the server's process does besides serving.
     pub fn to_process_config(&self) -> ProcessConfig {
         ProcessConfig { daemon: self.daemon, pidfile: self.pidfile.clone(), user: self.user.clone() }
+    }
+}
+
+/// What `-o` asked for.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Extended {
+    idle_timeout_s: Option<u64>,
+    crawler: Vec<CrawlerCommand>,
+    /// Options memcached has that mean nothing here (logged).
+    no_effect: Vec<String>,
+}
+
+/// memcached 1.6's `-o` options that tune what kura does not have: its slab allocator, LRU
+/// segments, hash table, connection buffers, logging buffers, and extstore (`ext_*`).
+const EXTENDED_NO_EFFECT: &[&str] = &[
+    "maxconns_fast", "no_maxconns_fast", "hashpower", "tail_repair_time", "hash_algorithm",
+    "read_buf_mem_limit", "lru_maintainer", "no_lru_maintainer", "hot_lru_pct", "warm_lru_pct",
+    "hot_max_factor", "warm_max_factor", "temporary_ttl", "slab_chunk_max", "slab_reassign",
+    "no_slab_reassign", "slab_automove", "slab_automove_ratio", "slab_automove_window",
+    "slab_automove_freeratio", "track_sizes", "no_hashexpand", "modern", "no_modern",
+    "watcher_logbuf_size", "worker_logbuf_size", "resp_obj_mem_limit", "inline_ascii_response",
+    "no_inline_ascii_response", "lru_segmented", "no_lru_segmented", "drop_privileges",
+    "no_drop_privileges", "large_memory_pages",
+];
+
+impl Extended {
+    fn parse(items: &[String]) -> Result<Self, String> {
+        let mut out = Self::default();
+        for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (item, None),
+            };
+            let number = |what: &str| -> Result<u64, String> {
+                value
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| format!("-o {item}: {what} takes a number ({key}=N)"))
+            };
+            match key {
+                "idle_timeout" => out.idle_timeout_s = Some(number("idle_timeout")?),
+                "lru_crawler" => out.crawler.push(CrawlerCommand::Enable),
+                "no_lru_crawler" => out.crawler.push(CrawlerCommand::Disable),
+                "lru_crawler_sleep" => {
+                    let us = number("lru_crawler_sleep")?;
+                    if us > 1_000_000 {
+                        return Err(format!("-o {item}: at most 1000000 microseconds"));
+                    }
+                    out.crawler.push(CrawlerCommand::Sleep(us as u32));
+                }
+                "lru_crawler_tocrawl" => out.crawler.push(CrawlerCommand::ToCrawl(u32::try_from(number("lru_crawler_tocrawl")?).unwrap_or(u32::MAX))),
+                _ if EXTENDED_NO_EFFECT.contains(&key) || key.starts_with("ext_") => out.no_effect.push(item.to_owned()),
+                _ => return Err(format!("-o {item}: not an extended option of memcached's (Illegal suboption \"{key}\")")),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -234,12 +331,30 @@ mod tests {
         let c = config(&["-s", "/run/kura.sock", "-a", "0770", "-A"]).unwrap();
         assert!(c.listen.is_empty());
         assert_eq!(c.unix_socket, Some(UnixSocket { path: "/run/kura.sock".into(), mode: 0o770 }));
-        assert!(c.enable_shutdown);
+        assert!(c.allowed.shutdown);
         let c = config(&["-s", "k.sock"]).unwrap();
         assert_eq!(c.unix_socket.unwrap().mode, config::UNIX_MASK_DEFAULT);
-        assert!(!config(&[]).unwrap().enable_shutdown);
+        assert!(!config(&[]).unwrap().allowed.shutdown);
         assert!(config(&["-s", "k.sock", "-a", "778"]).unwrap_err().contains("not octal"));
         assert!(config(&["-s", "k.sock", "-a", "1000"]).unwrap_err().contains("at most 777"));
+    }
+
+    #[test]
+    fn extended_options_act_or_are_taken_without_effect() {
+        let items = |s: &str| s.split(',').map(str::to_owned).collect::<Vec<_>>();
+        let e = Extended::parse(&items("idle_timeout=30,no_lru_crawler,lru_crawler_sleep=50,lru_crawler_tocrawl=9,hashpower=20,ext_path=/x:1G,modern")).unwrap();
+        assert_eq!(e.idle_timeout_s, Some(30));
+        assert_eq!(e.crawler, [CrawlerCommand::Disable, CrawlerCommand::Sleep(50), CrawlerCommand::ToCrawl(9)]);
+        assert_eq!(e.no_effect, ["hashpower=20", "ext_path=/x:1G", "modern"]);
+        assert!(Extended::parse(&items("lru_crawler_sleep=2000000")).unwrap_err().contains("at most"));
+        assert!(Extended::parse(&items("hashpowr=20")).unwrap_err().contains("Illegal suboption"));
+        let c = config(&["-o", "idle_timeout=5", "--idle-timeout-s", "9"]).unwrap();
+        assert_eq!(c.idle_timeout, Some(Duration::from_secs(5)));
+        let c = config(&["-M", "-F", "-X", "-W", "-b", "64"]).unwrap();
+        assert_eq!(c.mode, Some(Mode::Store));
+        assert_eq!(c.allowed, Allowed { shutdown: false, flush_all: false, dumping: false, watch: false });
+        assert_eq!(c.listen_backlog, 64);
+        assert_eq!(config(&[]).unwrap().allowed, Allowed::default());
     }
 
     #[test]

@@ -48,6 +48,28 @@ pub const POLL_SPIN_US_DEFAULT: u64 = 50;
 /// Largest `--poll-spin-us`.
 pub const POLL_SPIN_US_MAX: u64 = 100_000;
 
+/// memcached's default `-b`: connections the kernel queues before the server takes them.
+pub const LISTEN_BACKLOG_DEFAULT: u32 = 1024;
+
+/// The commands an operator may turn off or on, as memcached's options do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allowed {
+    /// `shutdown` (memcached's `-A` turns it on).
+    pub shutdown: bool,
+    /// `flush_all` (`-F` turns it off).
+    pub flush_all: bool,
+    /// `lru_crawler metadump` and `lru_crawler mgdump` (`-X` turns them off).
+    pub dumping: bool,
+    /// `watch` (`-W` turns it off).
+    pub watch: bool,
+}
+
+impl Default for Allowed {
+    fn default() -> Self {
+        Self { shutdown: false, flush_all: true, dumping: true, watch: true }
+    }
+}
+
 /// memcached's default `-a`: the Unix socket only for its owner.
 pub const UNIX_MASK_DEFAULT: u32 = 0o700;
 
@@ -172,8 +194,13 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     /// A Unix socket to listen on instead (memcached's `-s`).
     pub unix_socket: Option<UnixSocket>,
-    /// `shutdown` stops the server (memcached's `-A`); otherwise it is refused.
-    pub enable_shutdown: bool,
+    /// Commands turned on or off (`-A -F -X -W`).
+    pub allowed: Allowed,
+    /// The listening sockets' backlog (memcached's `-b`).
+    pub listen_backlog: u32,
+    /// Crawler settings from `-o` (`no_lru_crawler`, `lru_crawler_sleep`, ...), applied at
+    /// the start as the `lru_crawler` commands would.
+    pub crawler_setup: Vec<kura_proto::CrawlerCommand>,
     pub max_connections: usize,
     pub threads: usize,
     pub memory_limit_bytes: u64,

@@ -189,7 +189,14 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
             noreply,
         } => touch(ctx, key, exptime_s, noreply),
         Request::FlushAll { delay_s, noreply } => {
+            // Counted even when refused, as memcached does.
             bump(&ctx.stats.cmd_flush);
+            if !ctx.sources.info.allowed.flush_all {
+                if !noreply {
+                    ctx.out.push_bytes(b"CLIENT_ERROR flush_all not allowed\r\n");
+                }
+                return Flow::Continue;
+            }
             match ctx.store.flush_all(delay_s) {
                 Ok(()) => reply(ctx, Reply::Ok, noreply),
                 Err(error) => server_error(ctx, &error, noreply),
@@ -208,7 +215,7 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         Request::Stats { args } => stats(ctx, &args),
         // kura has no slab allocator or LRU segments to tune: memcached's answer.
         Request::Tuning(reply) => ctx.out.push_bytes(reply.line()),
-        Request::Shutdown(_) if !ctx.sources.info.shutdown_enabled => ctx.out.push_bytes(SHUTDOWN_DISABLED),
+        Request::Shutdown(_) if !ctx.sources.info.allowed.shutdown => ctx.out.push_bytes(SHUTDOWN_DISABLED),
         Request::Shutdown(ShutdownMode::Invalid) => ctx.out.push_bytes(SHUTDOWN_INVALID),
         // memcached closes the connection without a reply and stops (graceful or not); kura
         // always stops as at SIGTERM: in-flight replies sent, the store synced.
@@ -216,6 +223,9 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
             ctx.sources.stop_requested.store(true, std::sync::atomic::Ordering::Release);
             return Flow::Close;
         }
+        Request::Metadump(_) if !ctx.sources.info.allowed.dumping => ctx.out.push_bytes(b"ERROR metadump not allowed\r\n"),
+        Request::Mgdump(_) if !ctx.sources.info.allowed.dumping => ctx.out.push_bytes(b"ERROR mgdump not allowed\r\n"),
+        Request::Watch(_) if !ctx.sources.info.allowed.watch => ctx.out.push_bytes(b"CLIENT_ERROR watch commands not allowed\r\n"),
         Request::Metadump(_) | Request::Mgdump(_) if !ctx.sources.crawler.enabled() => ctx.out.push_bytes(crate::crawler::DISABLED_REPLY),
         Request::Metadump(MetadumpClasses::Invalid) | Request::Mgdump(MetadumpClasses::Invalid) => ctx.out.push_bytes(crate::metadump::BADCLASS_REPLY),
         Request::LruCrawler(command) => {

@@ -150,7 +150,7 @@ impl Server {
         let store = open_store(config)?;
         let instance_id = crate::stats::new_instance_id();
         publish_changes(&store, &config.path, instance_id);
-        let mut listeners = bind_all(&config.listen)?;
+        let mut listeners = bind_all(&config.listen, config.listen_backlog)?;
         let local_addrs = listeners
             .iter()
             .filter_map(|l| match l {
@@ -159,7 +159,7 @@ impl Server {
             })
             .collect::<Vec<_>>();
         if let Some(unix) = &config.unix_socket {
-            let listener = Listener::bind_unix(&unix.path, unix.mode).map_err(|source| ServerError::ListenUnix {
+            let listener = Listener::bind_unix(&unix.path, unix.mode, config.listen_backlog).map_err(|source| ServerError::ListenUnix {
                 path: unix.path.display().to_string(),
                 source,
             })?;
@@ -192,7 +192,10 @@ impl Server {
                     max_connections: config.max_connections,
                     item_size_max_bytes: config.item_size_max_bytes,
                     port: local_addrs.first().map_or(0, SocketAddr::port),
-                    shutdown_enabled: config.enable_shutdown,
+                    allowed: config.allowed,
+                    domain_socket: config.unix_socket.as_ref().map(|u| (u.path.display().to_string(), u.mode)),
+                    tcp_backlog: config.listen_backlog,
+                    idle_timeout_s: config.idle_timeout.map_or(0, |t| t.as_secs()),
                     instance_id,
                 },
                 conns: Arc::clone(&conns),
@@ -208,6 +211,9 @@ impl Server {
             shutdown: AtomicBool::new(false),
         });
 
+        for &command in &config.crawler_setup {
+            shared.sources.crawler.command(command);
+        }
         let mut workers = Vec::new();
         let mut inboxes = Vec::new();
         for (index, stats) in worker_stats.into_iter().enumerate() {
@@ -381,10 +387,14 @@ fn publish_changes(store: &Store, store_path: &std::path::Path, instance_id: u64
     }
 }
 
-fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<Listener>, ServerError> {
+fn bind_all(addrs: &[SocketAddr], backlog: u32) -> Result<Vec<Listener>, ServerError> {
     addrs
         .iter()
-        .map(|&addr| TcpListener::bind(addr).map(Listener::Tcp).map_err(|source| ServerError::Listen { addr, source }))
+        .map(|&addr| {
+            let listener = Listener::Tcp(TcpListener::bind(addr).map_err(|source| ServerError::Listen { addr, source })?);
+            listener.set_backlog(backlog).map_err(|source| ServerError::Listen { addr, source })?;
+            Ok(listener)
+        })
         .collect()
 }
 

@@ -125,7 +125,7 @@ impl Listener {
     /// A Unix socket at `path` with permissions `mode` (memcached's `-s` and `-a`). As
     /// memcached, a socket left at the path by an earlier run is replaced; any other file
     /// there is an error.
-    pub fn bind_unix(path: &Path, mode: u32) -> io::Result<Self> {
+    pub fn bind_unix(path: &Path, mode: u32, backlog: u32) -> io::Result<Self> {
         use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
         match std::fs::symlink_metadata(path) {
             Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
@@ -135,7 +135,20 @@ impl Listener {
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-        Ok(Self::Unix { listener, path: path.to_path_buf(), inode: file_id(path)? })
+        let listener = Self::Unix { listener, path: path.to_path_buf(), inode: file_id(path)? };
+        listener.set_backlog(backlog)?;
+        Ok(listener)
+    }
+
+    /// Connections the kernel queues before they are accepted (memcached's `-b`): `listen`
+    /// again on the bound socket, which Linux takes as a new backlog.
+    pub fn set_backlog(&self, backlog: u32) -> io::Result<()> {
+        let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+        // SAFETY: listen on a descriptor this listener owns.
+        if unsafe { libc::listen(self.as_raw_fd(), backlog) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     pub fn addr(&self) -> Option<ConnAddr> {

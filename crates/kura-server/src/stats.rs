@@ -128,6 +128,10 @@ impl ConnEntry {
     }
 }
 
+fn yes_no(yes: bool) -> StatValue {
+    StatValue::Text(if yes { "yes" } else { "no" }.to_owned())
+}
+
 /// memcached's form of an address in `stats conns`: `tcp:<ip>:<port>`, `tcp6:[<ip>]:<port>`,
 /// `unix:<path>`.
 fn conn_addr(addr: &Option<ConnAddr>) -> String {
@@ -200,8 +204,13 @@ pub struct ServerInfo {
     pub max_connections: usize,
     pub item_size_max_bytes: usize,
     pub port: u16,
-    /// `shutdown` stops the server (`-A`).
-    pub shutdown_enabled: bool,
+    /// Commands turned on or off (`-A -F -X -W`).
+    pub allowed: crate::config::Allowed,
+    /// What `stats settings` tells of the listeners: the Unix socket and its permissions,
+    /// the backlog, and the idle timeout.
+    pub domain_socket: Option<(String, u32)>,
+    pub tcp_backlog: u32,
+    pub idle_timeout_s: u64,
     /// Random per process start ([`new_instance_id`]): a client that sees it change knows
     /// the server restarted (and may have lost writes it acknowledged but had not synced).
     pub instance_id: u64,
@@ -430,7 +439,14 @@ impl StatsSources {
                     .to_owned(),
                 ),
             ),
-            ("flush_enabled", Text("yes".to_owned())),
+            ("domain_socket", Text(self.info.domain_socket.as_ref().map_or_else(|| "NULL".to_owned(), |(path, _)| path.clone()))),
+            ("umask", Text(format!("{:o}", self.info.domain_socket.as_ref().map_or(crate::config::UNIX_MASK_DEFAULT, |&(_, mode)| mode)))),
+            ("shutdown_command", yes_no(self.info.allowed.shutdown)),
+            ("tcp_backlog", U64(u64::from(self.info.tcp_backlog))),
+            ("idle_timeout", U64(self.info.idle_timeout_s)),
+            ("flush_enabled", yes_no(self.info.allowed.flush_all)),
+            ("dump_enabled", yes_no(self.info.allowed.dumping)),
+            ("watch_enabled", yes_no(self.info.allowed.watch)),
             ("lru_crawler", Text(if self.crawler.enabled() { "yes" } else { "no" }.to_owned())),
             ("lru_crawler_sleep", U64(u64::from(self.crawler.settings().0))),
             ("lru_crawler_tocrawl", U64(u64::from(self.crawler.settings().1))),

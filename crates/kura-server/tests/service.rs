@@ -275,3 +275,54 @@ fn shutdown_stops_the_server_only_when_enabled() {
     assert!(eventually(STOP_TIMEOUT, || child.try_wait().unwrap().is_some()), "the server did not stop");
     kura.child = None;
 }
+
+/// `stats settings` as name → value.
+fn settings(client: &mut Client) -> std::collections::HashMap<String, String> {
+    client
+        .until_end("stats settings\r\n")
+        .lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+#[test]
+fn memcacheds_switches_answer_as_memcached_does() {
+    // -F -X -W turn commands off, -b sets the backlog, -o idle_timeout the idle timeout, -M
+    // never evicts; the other -o options are memcached's tuning, taken without effect.
+    let switches = ["-F", "-X", "-W", "-M", "-b", "16", "-o", "idle_timeout=600,hashpower=20"];
+    let kura = common::Kura::start(&switches);
+    let memcached = kura_testkit::try_or_skip!(common::Memcached::start(&switches));
+    let script = b"flush_all\r\nflush_all 10\r\nflush_all noreply\r\nlru_crawler metadump all\r\nset k 0 0 1\r\nx\r\nwatch\r\n";
+    let (ours, theirs) = (common::transcript(kura.port, script), common::transcript(memcached.port, script));
+    assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&theirs));
+    assert!(ours.starts_with(b"CLIENT_ERROR flush_all not allowed\r\n"), "{}", String::from_utf8_lossy(&ours));
+    let (mut ours, mut theirs) = (kura.client(), Client::connect(memcached.port));
+    let (ours, theirs) = (settings(&mut ours), settings(&mut theirs));
+    for name in ["flush_enabled", "dump_enabled", "tcp_backlog", "idle_timeout", "evictions", "shutdown_command", "domain_socket", "umask"] {
+        assert_eq!(ours.get(name), theirs.get(name), "stats settings {name}");
+    }
+    assert_eq!(ours["watch_enabled"], "no");
+    assert_eq!(ours["tcp_backlog"], "16");
+    // The kernel's backlog of the listening socket is -b's.
+    let ss = Command::new("ss").args(["-ltnH", &format!("sport = :{}", kura.port)]).output();
+    if let Some(ss) = ss.ok().filter(|o| o.status.success()) {
+        let line = String::from_utf8_lossy(&ss.stdout);
+        assert_eq!(line.split_whitespace().nth(2), Some("16"), "{line}");
+    }
+    // A flush_all refused is still counted, as memcached counts it.
+    assert_eq!(kura.client().stat("cmd_flush"), 3);
+
+    // What memcached refuses, kura refuses, with the reason.
+    let tmp = tempfile::tempdir().unwrap();
+    for (args, reason) in [
+        (&["-o", "no_such_option"][..], "Illegal suboption \"no_such_option\""),
+        (&["-o", "idle_timeout=soon"], "idle_timeout takes a number"),
+        (&["-M", "--mode", "cache"], "-M (never evict) contradicts --mode cache"),
+    ] {
+        let out = server(tmp.path(), args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(reason), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
