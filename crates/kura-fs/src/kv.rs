@@ -33,7 +33,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use kura_pool::stream::NodeStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -1263,30 +1263,20 @@ impl SideConn {
     }
 }
 
-/// A blocking TCP connection to `addr` with the metadata timeouts.
-fn connect_stream(addr: &str) -> Result<TcpStream> {
+/// A blocking connection to `addr` (TCP, or a Unix socket for a path) with the metadata
+/// timeouts, high in the descriptor table, out of the host program's way (kura_pool::fd).
+fn connect_stream(addr: &str) -> Result<NodeStream> {
     let io = |e: std::io::Error| FsError::Io(format!("{addr}: {e}"));
-    let mut last = None;
-    for sa in addr.to_socket_addrs().map_err(io)? {
-        match TcpStream::connect_timeout(&sa, Duration::from_millis(META_CONNECT_TIMEOUT_MS)) {
-            Ok(stream) => {
-                // High in the descriptor table, out of the host program's way (kura_pool::fd).
-                let stream = kura_pool::fd::keep_high(stream);
-                stream.set_nodelay(true).map_err(io)?;
-                stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
-                stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
-                return Ok(stream);
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(io(last.unwrap_or_else(|| std::io::Error::other("no address"))))
+    let stream = NodeStream::connect(addr, Duration::from_millis(META_CONNECT_TIMEOUT_MS)).map_err(io)?;
+    stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+    stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+    Ok(stream)
 }
 
 /// One blocking memcached meta-protocol connection, for compare-and-swap.
 struct MetaConn {
-    reader: BufReader<kura_pool::fd::SpinningReader<TcpStream>>,
-    writer: TcpStream,
+    reader: BufReader<kura_pool::fd::SpinningReader<NodeStream>>,
+    writer: NodeStream,
     line: String,
     node: String,
     /// A kura server's: `stats changes` goes out with the first request (no round trip of its
@@ -1301,7 +1291,7 @@ impl MetaConn {
     /// first request; `spin`: how long a wait for a reply looks for it before sleeping.
     fn connect(addr: &str, ask_changes: bool, spin: Duration) -> Result<Self> {
         let stream = connect_stream(addr)?;
-        let writer = kura_pool::fd::keep_high(stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?);
+        let writer = stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
         Ok(Self { reader: BufReader::new(kura_pool::fd::SpinningReader::new(stream, spin)), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None })
     }
 

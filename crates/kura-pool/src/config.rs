@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! kura://host[:port][?weight=N&flush=sync|ack&max_connections=N]     a kura server (meta protocol)
+//! kura:///PATH[?...]                                                 one on a Unix socket (`kura serve -s PATH`)
 //! memcached://host[:port][?weight=N&max_connections=N&protocol=text] stock memcached (meta, or text if old)
+//! memcached:///PATH[?...]                                            one on a Unix socket (`memcached -s PATH`)
 //! redis://host[:port][?weight=N&replicas=N]                          one redis-server / Valkey
 //! redis+cluster://host:port[,host:port...][?replicas=N]             a Redis Cluster, from seed nodes
 //! embedded:PATH[?size=1G]                                            an in-process engine (alone)
@@ -132,9 +134,16 @@ impl NodeSpec {
             node.addrs.push(path.to_owned());
         } else {
             let hosts = body.strip_prefix("//").ok_or_else(|| bad("expected scheme://host:port"))?;
-            let port = if matches!(backend, Backend::Redis | Backend::RedisCluster) { REDIS_PORT_DEFAULT } else { MEMCACHED_PORT_DEFAULT };
-            for host in hosts.split(',') {
-                node.addrs.push(host_port(host, port).map_err(|why| bad(&why))?);
+            if crate::stream::is_unix_addr(hosts) {
+                if !matches!(backend, Backend::Kura | Backend::Memcached) {
+                    return Err(bad("a Unix socket path is for kura:// and memcached:// nodes"));
+                }
+                node.addrs.push(hosts.to_owned());
+            } else {
+                let port = if matches!(backend, Backend::Redis | Backend::RedisCluster) { REDIS_PORT_DEFAULT } else { MEMCACHED_PORT_DEFAULT };
+                for host in hosts.split(',') {
+                    node.addrs.push(host_port(host, port).map_err(|why| bad(&why))?);
+                }
             }
             if node.addrs.len() > 1 && backend != Backend::RedisCluster {
                 return Err(bad("only redis+cluster takes several hosts (list the others as nodes of their own)"));
@@ -426,6 +435,11 @@ mod tests {
         assert_eq!((e.addrs[0].as_str(), e.size_bytes), ("kura-data/x.kura", Some(64 << 20)));
         assert_eq!(NodeSpec::parse("embedded:///tmp/x").unwrap().addrs[0], "/tmp/x");
         assert_eq!(NodeSpec::parse("kura://[::1]:5").unwrap().addrs[0], "[::1]:5");
+        // A Unix socket: the path is the address.
+        let n = NodeSpec::parse("kura:///run/kura/s.sock?flush=ack").unwrap();
+        assert_eq!((n.addrs.as_slice(), n.flush), (&["/run/kura/s.sock".to_owned()][..], FlushMode::Ack));
+        assert_eq!(NodeSpec::parse("memcached:///tmp/mc.sock").unwrap().addrs, ["/tmp/mc.sock"]);
+        assert!(NodeSpec::parse("redis:///tmp/r.sock").unwrap_err().to_string().contains("Unix socket"));
     }
 
     #[test]

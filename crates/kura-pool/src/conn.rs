@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{TcpStream as StdTcpStream, ToSocketAddrs};
+use crate::stream::NodeStream;
 use std::time::{Duration, Instant};
 
 use crate::config::Backend;
@@ -78,7 +78,7 @@ pub(crate) struct Conn {
     pub member: usize,
     pub backend: Backend,
     pub wire: Wire,
-    pub stream: Option<mio::net::TcpStream>,
+    pub stream: Option<NodeStream>,
     /// The open connection's handshake named the node's instance (see [`crate::instance`]).
     pub instance_known: bool,
     /// After a failed connect: no new attempt before this.
@@ -281,27 +281,16 @@ pub(crate) type Handshake = (Wire, Option<Instance>);
 
 /// Opens a connection and learns how to talk to the node and which instance of it answers
 /// (blocking, bounded by `timeout`; one round trip).
-pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Duration) -> Result<(StdTcpStream, Handshake), String> {
-    let addrs: Vec<_> = addr.to_socket_addrs().map_err(|e| format!("cannot resolve {addr}: {e}"))?.collect();
-    let mut last = format!("{addr} resolves to no address");
-    for a in addrs {
-        match StdTcpStream::connect_timeout(&a, timeout) {
-            Ok(stream) => {
-                let mut stream = crate::fd::keep_high(stream);
-                let setup = (|| {
-                    stream.set_nodelay(true)?;
-                    stream.set_read_timeout(Some(timeout))?;
-                    stream.set_write_timeout(Some(timeout))
-                })();
-                setup.map_err(|e| format!("socket setup: {e}"))?;
-                let handshake = handshake(&mut stream, addr, backend, text_only)?;
-                stream.set_read_timeout(None).and_then(|()| stream.set_write_timeout(None)).map_err(|e| e.to_string())?;
-                return Ok((stream, handshake));
-            }
-            Err(e) => last = format!("connect: {e}"),
-        }
-    }
-    Err(last)
+pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Duration) -> Result<(NodeStream, Handshake), String> {
+    let mut stream = NodeStream::connect(addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    let setup = (|| {
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))
+    })();
+    setup.map_err(|e| format!("socket setup: {e}"))?;
+    let handshake = handshake(&mut stream, addr, backend, text_only)?;
+    stream.set_read_timeout(None).and_then(|()| stream.set_write_timeout(None)).map_err(|e| e.to_string())?;
+    Ok((stream, handshake))
 }
 
 /// A connection's receive buffer at its first read (see [`Conn::inbuf`]).
@@ -310,7 +299,7 @@ pub(crate) const INBUF_START_BYTES: usize = 16 << 10;
 /// Longest `INFO server` reply accepted (Redis' is about 1.5 KiB).
 const INFO_REPLY_BYTES_MAX: usize = 64 << 10;
 
-fn handshake(stream: &mut StdTcpStream, addr: &str, backend: Backend, text_only: bool) -> Result<Handshake, String> {
+fn handshake(stream: &mut NodeStream, addr: &str, backend: Backend, text_only: bool) -> Result<Handshake, String> {
     match backend {
         Backend::RedisCluster => {
             let reply = exchange_resp(stream, b"*1\r\n$4\r\nPING\r\n")?;
@@ -376,7 +365,7 @@ fn memcache_handshake(buf: &[u8], text_only: bool) -> Result<Option<(String, Dia
     Ok(Some((String::from_utf8_lossy(version).into_owned(), dialect, instance)))
 }
 
-fn read_more(stream: &mut StdTcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+fn read_more(stream: &mut NodeStream, buf: &mut Vec<u8>) -> Result<(), String> {
     const HANDSHAKE_REPLY_MAX: usize = 4 << 20;
     let mut chunk = [0u8; 16 << 10];
     let n = stream.read(&mut chunk).map_err(|e| match e.kind() {
@@ -394,7 +383,7 @@ fn read_more(stream: &mut StdTcpStream, buf: &mut Vec<u8>) -> Result<(), String>
 }
 
 /// Sends one RESP command on a blocking socket and returns its whole reply's bytes.
-pub(crate) fn exchange_resp(stream: &mut StdTcpStream, request: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn exchange_resp(stream: &mut NodeStream, request: &[u8]) -> Result<Vec<u8>, String> {
     stream.write_all(request).map_err(|e| format!("send: {e}"))?;
     let mut buf = Vec::new();
     loop {

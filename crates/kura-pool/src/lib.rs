@@ -51,6 +51,7 @@ mod pool;
 pub mod proto;
 pub mod ring;
 mod stats;
+pub mod stream;
 
 pub use cluster::slot as cluster_slot;
 pub use config::{Backend, FlushMode, NodeSpec, PoolConfig, parse_size};

@@ -40,6 +40,7 @@ use crate::pool::{Completion, Outcome, Shared};
 use crate::proto::memcache::{self, Reply as McReply};
 use crate::proto::resp::{self, Resp};
 use crate::stats::IoStats;
+use crate::stream::NodeStream;
 
 /// Send at once (not only at the next poll) when this much is waiting in one send buffer.
 const EAGER_WRITE_BYTES: usize = 256 << 10;
@@ -275,7 +276,7 @@ impl NetContext {
     fn ensure_connected(&mut self, ci: usize) -> Result<()> {
         if self.conns[ci].stream.is_some() && self.conns[ci].sent.is_empty() {
             self.sink.stats.recv_syscalls += 1;
-            match self.conns[ci].stream.as_ref().map(|s| s.peek(&mut [0u8; 1])) {
+            match self.conns[ci].stream.as_ref().map(NodeStream::peek_nonblocking) {
                 Some(Ok(0)) => self.conn_failed(ci, Failure::Lost("closed by the node while idle".into())),
                 Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted => {
                     self.conn_failed(ci, Failure::Lost(e.to_string()));
@@ -300,7 +301,6 @@ impl NetContext {
         match conn::connect(&conn.addr, conn.backend, spec.text_protocol, config.connect_timeout) {
             Ok((stream, (wire, instance))) => {
                 stream.set_nonblocking(true)?;
-                let stream = mio::net::TcpStream::from_std(stream);
                 self.poll.register(stream.as_raw_fd(), ci as u64, true, true)?;
                 if let Some(instance) = &instance {
                     self.shared.note_instance(&conn.addr, instance);

@@ -255,3 +255,38 @@ fn a_request_timeout_without_a_restart_does_not_fail_the_flush() {
     ctx.flush().unwrap();
     assert_eq!(ctx.get(b"k").unwrap().as_deref(), Some(&b"1"[..]));
 }
+
+/// A `kura-server -s PATH` on a Unix socket in `dir`, once it accepts connections.
+fn start_on_socket(dir: &std::path::Path, extra: &[&str]) -> kura_testkit::ChildGuard {
+    let socket = dir.join("kura.sock");
+    let mut cmd = std::process::Command::new(common::kura_server_bin());
+    cmd.arg("-s").arg(&socket).args(["--size", "64M", "-I", "64k", "-t", "1", "-m", "8", "--path"]).arg(dir.join("store.kura")).args(extra).env("RUST_LOG", "warn");
+    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let child = kura_testkit::ChildGuard::spawn("kura-server -s", &mut cmd).unwrap();
+    wait_for(|| std::os::unix::net::UnixStream::connect(&socket).ok());
+    child
+}
+
+/// A node on a Unix socket (`kura:///PATH`): the common scenario, its flush surviving
+/// SIGKILL, and the context noticing the restart on its idle connection.
+#[test]
+fn a_server_on_a_unix_socket_serves_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_on_socket(dir.path(), &["--sync", "never"]);
+    let url = format!("kura://{}", dir.path().join("kura.sock").display());
+    let mut config = PoolConfig::from_urls(&[url]).unwrap();
+    config.request_timeout = Duration::from_secs(5);
+    let pool = Pool::open(config).unwrap();
+    common::exercise(&pool, true);
+    let mut ctx = pool.context().unwrap();
+    let items: Vec<_> = (0..200).map(|i| (block_key(9, i), value_of(i))).collect();
+    ctx.set_many(&items).unwrap();
+    ctx.flush().unwrap();
+    server.child_mut().kill().unwrap();
+    server.child_mut().wait().unwrap();
+    let _server = start_on_socket(dir.path(), &[]);
+    let keys: Vec<_> = (0..200).map(|i| block_key(9, i)).collect();
+    for (i, value) in ctx.get_many(&keys).unwrap().into_iter().enumerate() {
+        assert_eq!(value.unwrap(), Some(value_of(i as u64)), "key {i} lost");
+    }
+}

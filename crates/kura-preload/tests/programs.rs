@@ -1706,8 +1706,12 @@ def other(cmd):
     r = subprocess.run([kura, "fs", "run", "--data-dir", data, "--fuse", "off", "--", "sh", "-c", cmd], capture_output=True)
     assert r.returncode == 0, r.stderr
 def items():
-    port = json.load(open(os.path.join(data, "server.json")))["port"]
-    s = socket.create_connection(("127.0.0.1", port))
+    info = json.load(open(os.path.join(data, "server.json")))
+    if info.get("socket"):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(info["socket"])
+    else:
+        s = socket.create_connection(("127.0.0.1", info["port"]))
     s.sendall(b"stats\r\n")
     text = b""
     while not text.endswith(b"END\r\n"):
@@ -1803,8 +1807,12 @@ def other(cmd):
     assert r.returncode == 0, r.stderr
     return r.stdout
 def items():
-    port = json.load(open(os.path.join(data, "server.json")))["port"]
-    s = socket.create_connection(("127.0.0.1", port))
+    info = json.load(open(os.path.join(data, "server.json")))
+    if info.get("socket"):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(info["socket"])
+    else:
+        s = socket.create_connection(("127.0.0.1", info["port"]))
     s.sendall(b"stats\r\n")
     text = b""
     while not text.endswith(b"END\r\n"):

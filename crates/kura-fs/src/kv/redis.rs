@@ -23,7 +23,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::net::TcpStream;
+use kura_pool::stream::NodeStream;
 use std::time::{Duration, Instant};
 
 use kura_pool::proto::resp::{self, Resp};
@@ -112,7 +112,7 @@ enum Script {
 
 /// One blocking RESP2 connection to a redis-server, for the metadata.
 pub(crate) struct RespConn {
-    stream: TcpStream,
+    stream: NodeStream,
     /// Received bytes not yet parsed.
     input: Vec<u8>,
     out: Vec<u8>,
@@ -129,7 +129,7 @@ pub(crate) struct RespConn {
 
 impl RespConn {
     /// The connection (to look at it while idle).
-    pub(crate) fn stream(&self) -> &TcpStream {
+    pub(crate) fn stream(&self) -> &NodeStream {
         &self.stream
     }
 
