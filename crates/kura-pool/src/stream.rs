@@ -142,7 +142,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let mut client = NodeStream::connect(path.to_str().unwrap(), Duration::from_secs(1)).unwrap();
+        let client = NodeStream::connect(path.to_str().unwrap(), Duration::from_secs(1)).unwrap();
         assert!(matches!(client, NodeStream::Unix(_)));
         let (mut server, _) = listener.accept().unwrap();
         assert_eq!(client.peek_nonblocking().unwrap_err().kind(), io::ErrorKind::WouldBlock);
