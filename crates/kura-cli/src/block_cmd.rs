@@ -23,7 +23,8 @@ use crate::size::ByteSize;
 #[derive(Args, Clone, Debug, Default)]
 pub struct PoolArgs {
     /// A pool node (repeat for more): kura://HOST:PORT, memcached://HOST:PORT, redis://HOST:PORT,
-    /// redis+cluster://HOST:PORT,HOST:PORT, or embedded:PATH[?size=1G]. Default: the embedded
+    /// redis+cluster://HOST:PORT,HOST:PORT, kura:///SOCKET or memcached:///SOCKET (a server on a
+    /// Unix socket), or embedded:PATH[?size=1G]. Default: the embedded
     /// store kura-data/pool.kura (created in store mode, 1 GiB, when missing).
     #[arg(long = "pool", value_name = "URL")]
     pub pool: Vec<String>,

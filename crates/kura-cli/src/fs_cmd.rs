@@ -53,11 +53,12 @@ pub enum FsCommand {
 /// Where the file system lives.
 #[derive(Args, Debug, Clone)]
 pub struct PoolArgs {
-    /// Pool nodes (kura://host:port, memcached://host:port), or `embedded` for an engine
+    /// Pool nodes (kura://host:port, memcached://host:port, kura:///socket for a server on a
+    /// Unix socket), or `embedded` for an engine
     /// inside the preloaded process itself. Default: a local kura server for --data-dir.
     #[arg(long = "pool", value_name = "URL")]
     pub pool: Vec<String>,
-    /// Directory of the local server's store, port file and log.
+    /// Directory of the local server: its store, its Unix socket (server.sock) and its log.
     #[arg(long, default_value = "kura-data/fs")]
     pub data_dir: PathBuf,
     /// Size of a new store (local server or embedded).

@@ -532,7 +532,6 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         return Err(libc::EINVAL);
     }
     let excl = flags & libc::O_EXCL != 0;
-    let accmode = flags & libc::O_ACCMODE;
     let follow = flags & libc::O_NOFOLLOW == 0 && !(creat && excl);
     if creat && rel.ends_with(b"/") {
         // The kernel refuses a trailing slash with O_CREAT before it looks at (or follows)
@@ -583,39 +582,54 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
             if creat && excl {
                 return Err(libc::EEXIST);
             }
-            let mut inode = found.ok_or(libc::ENOENT)?;
-            match inode.mode & libc::S_IFMT {
-                // Linux checks O_DIRECTORY before it refuses the link (O_NOFOLLOW).
-                libc::S_IFLNK => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ELOOP }),
-                libc::S_IFDIR => {
-                    if accmode != libc::O_RDONLY || creat || flags & libc::O_TRUNC != 0 {
-                        return Err(libc::EISDIR);
-                    }
-                    check_open(&inode, flags)?;
-                }
-                libc::S_IFREG => {
-                    if flags & libc::O_DIRECTORY != 0 {
-                        return Err(libc::ENOTDIR);
-                    }
-                    check_open(&inode, flags)?;
-                    if (accmode != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && crate::text::busy(inode.ino) {
-                        return Err(libc::ETXTBSY);
-                    }
-                    // Linux truncates for O_RDONLY too (POSIX leaves it undefined), and an empty
-                    // file too: its mtime and ctime are set (`: > stamp` marks a build step).
-                    if flags & libc::O_TRUNC != 0 {
-                        inode = truncate_at_open(fs, inode.ino)?;
-                    }
-                }
-                libc::S_IFIFO if flags & libc::O_DIRECTORY == 0 => {
-                    check_open(&inode, flags)?;
-                    return host_fifo(inode.ino).map(Opened::Fifo);
-                }
-                _ => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ENXIO }),
+            match open_existing(fs, found.ok_or(libc::ENOENT)?, flags)? {
+                Ok(inode) => inode,
+                Err(fifo) => return Ok(fifo),
             }
-            inode
         }
     };
+    install_open(state, fs, inode, made, flags, physical.as_deref().unwrap_or(abs))
+}
+
+/// The checks and the truncation of an `open` of an existing file (`inode`), as Linux makes
+/// them; `Err(fifo)` for a kura FIFO, which the caller opens as a kernel one.
+fn open_existing(fs: &Arc<Fs>, mut inode: Inode, flags: c_int) -> Result<Result<Inode, Opened>, i32> {
+    let (accmode, creat) = (flags & libc::O_ACCMODE, flags & libc::O_CREAT != 0);
+    match inode.mode & libc::S_IFMT {
+        // Linux checks O_DIRECTORY before it refuses the link (O_NOFOLLOW).
+        libc::S_IFLNK => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ELOOP }),
+        libc::S_IFDIR => {
+            if accmode != libc::O_RDONLY || creat || flags & libc::O_TRUNC != 0 {
+                return Err(libc::EISDIR);
+            }
+            check_open(&inode, flags)?;
+        }
+        libc::S_IFREG => {
+            if flags & libc::O_DIRECTORY != 0 {
+                return Err(libc::ENOTDIR);
+            }
+            check_open(&inode, flags)?;
+            if (accmode != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && crate::text::busy(inode.ino) {
+                return Err(libc::ETXTBSY);
+            }
+            // Linux truncates for O_RDONLY too (POSIX leaves it undefined), and an empty
+            // file too: its mtime and ctime are set (`: > stamp` marks a build step).
+            if flags & libc::O_TRUNC != 0 {
+                inode = truncate_at_open(fs, inode.ino)?;
+            }
+        }
+        libc::S_IFIFO if flags & libc::O_DIRECTORY == 0 => {
+            check_open(&inode, flags)?;
+            return host_fifo(inode.ino).map(|fifo| Err(Opened::Fifo(fifo)));
+        }
+        _ => return Err(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ENXIO }),
+    }
+    Ok(Ok(inode))
+}
+
+/// A new open file description of `inode` (`made`: by this open) at descriptor path `path`.
+fn install_open(state: &State, fs: &Arc<Fs>, inode: Inode, made: bool, flags: c_int, path: &[u8]) -> Result<Opened, i32> {
+    let accmode = flags & libc::O_ACCMODE;
     let is_dir = kura_fs::layout::is_dir(inode.mode);
     // A file unlinked since the lookup fails here, before a descriptor exists.
     let node = match (is_dir, made) {
@@ -625,7 +639,7 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
         (false, false) if accmode != libc::O_WRONLY && flags & (libc::O_TRUNC | libc::O_DIRECT) == 0 => Some(fs.open_node_reading(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
         (false, false) => Some(fs.open_node(&inode).map_err(|e| fs_errno(e.gone_is_stale()))?),
     };
-    let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, physical.as_deref().unwrap_or(abs)) {
+    let (fd, file) = match create_placeholder(inode.ino, is_dir, flags, path) {
         Ok(placeholder) => placeholder,
         Err(e) => {
             if let Some(node) = &node {
@@ -641,6 +655,29 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
     }
     state.fds.install(fd, Arc::new(file));
     Ok(Opened::Fd(fd))
+}
+
+/// `open` of `/proc/self/fd/N`, `/dev/fd/N`, `/dev/stdin` and the like for a kura descriptor:
+/// as the kernel's magic link, the file that descriptor has open, wherever it is now — renamed
+/// since, unlinked, or an `O_TMPFILE` file, which have no name — in a new description with its
+/// own offset. The link is a symbolic link to the kernel: `O_NOFOLLOW` is ELOOP, `O_CREAT` with
+/// `O_EXCL` EEXIST.
+fn reopen(state: &State, fs: &Arc<Fs>, of: &OpenFile, flags: c_int) -> Result<Opened, i32> {
+    let creat = flags & libc::O_CREAT != 0;
+    if creat && flags & libc::O_DIRECTORY != 0 {
+        return Err(libc::EINVAL);
+    }
+    if flags & libc::O_NOFOLLOW != 0 {
+        return Err(libc::ELOOP);
+    }
+    if creat && flags & libc::O_EXCL != 0 {
+        return Err(libc::EEXIST);
+    }
+    let inode = if of.is_dir { open_inode(fs, of)? } else { fs.getattr(of.ino).map_err(fs_errno)? };
+    match open_existing(fs, inode, flags)? {
+        Ok(inode) => install_open(state, fs, inode, false, flags, &of.path),
+        Err(fifo) => Ok(fifo),
+    }
 }
 
 /// `O_TMPFILE` without `O_DIRECTORY`, which it includes (the kernel's `__O_TMPFILE`).
@@ -761,6 +798,16 @@ extern "C" fn h_openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_
         let Some(state) = active() else { return raw_call(dirfd, path) };
         // SAFETY: libc's contract.
         let Some(p) = (unsafe { bytes(path) }) else { return raw_call(dirfd, path) };
+        if flags & (libc::O_PATH | O_TMPFILE_BIT) == 0
+            && p.first() == Some(&b'/')
+            && let Some((of, b"")) = crate::paths::descriptor_link(state, p)
+        {
+            return match with_fs(state, |fs| reopen(state, fs, &of, flags)) {
+                Ok(Opened::Fd(fd)) => fd,
+                Ok(Opened::Fifo(host)) => raw_call(libc::AT_FDCWD, host.as_ptr().cast()),
+                Err(e) => ret_int(Err(e)),
+            };
+        }
         match classify(state, dirfd, p) {
             Err(e) => ret_int(Err(e)),
             Ok(Target::Kernel) => raw_call(dirfd, path),
@@ -1890,26 +1937,34 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
                 Resolved::Missing { .. } => return Err(libc::ENOENT),
                 Resolved::Outside(_) => return Err(libc::EXDEV),
             };
-            let (dp, dname) = match new_resolved {
+            let (dp, dname, replaced) = match new_resolved {
                 Resolved::Found { parent, name, entry } if !name.is_empty() => {
                     // The target may be unlinked or replaced by another process meanwhile: the
                     // rename then creates the name, or replaces the new file (which fs.rename
                     // re-checks under its compare-and-swap).
                     let dir = fs.getattr_fresh(parent).map_err(fs_errno)?;
-                    match victim_of(fs, parent, &name, entry, new_walked)? {
-                        Some(target) => cred.check_delete(&dir, &target).map_err(fs_errno)?,
+                    let target = victim_of(fs, parent, &name, entry, new_walked)?;
+                    match &target {
+                        Some(target) => cred.check_delete(&dir, target).map_err(fs_errno)?,
                         None => cred.check_create(&dir).map_err(fs_errno)?,
                     }
-                    (parent, name)
+                    (parent, name, target)
                 }
                 Resolved::Found { .. } => return Err(libc::EBUSY),
                 Resolved::Missing { parent, name } => {
                     cred.check_create(&fs.getattr_fresh(parent).map_err(fs_errno)?).map_err(fs_errno)?;
-                    (parent, name)
+                    (parent, name, None)
                 }
                 Resolved::Outside(_) => return Err(libc::EXDEV),
             };
             fs.rename(sp, &sname, dp, &dname, rf).map_err(fs_errno)?;
+            // A directory renamed over is removed: this process's descriptors of it keep its
+            // last attributes, as after rmdir.
+            if let Some(replaced) = replaced.filter(|t| !rf.exchange && kura_fs::layout::is_dir(t.mode)) {
+                for of in state.fds.read_guard().iter().flatten().filter(|of| of.is_dir && of.ino == replaced.ino) {
+                    *of.dir_inode.lock() = Some(replaced.clone());
+                }
+            }
             Ok(0)
         }))
     })

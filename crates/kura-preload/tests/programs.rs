@@ -1557,10 +1557,55 @@ while True:
 
 /// Runs the Python `script` under the preload once per id (its `sys.argv[1]`), all at once;
 /// each must succeed.
+/// A worker that fails is reported with its output at once, and the others are killed (a
+/// reader waiting for a writer that died would wait for ever); all must end within
+/// `WORKERS_TIMEOUT_S`.
 fn run_at_once(env: &Env, script: &str, ids: &[&str]) {
-    let workers: Vec<_> = ids.iter().map(|id| env.command(&[], &["python3", "-c", script, id]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()).collect();
-    for child in workers {
-        check(&child.wait_with_output().unwrap(), &["worker"]);
+    const WORKERS_TIMEOUT_S: u64 = 600;
+    // Output goes to files, so that a worker never blocks on a full pipe while another is
+    // waited for.
+    let mut workers: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let (out, err) = (env.dir.path().join(format!("worker-{i}.out")), env.dir.path().join(format!("worker-{i}.err")));
+            // A process group of its own, so that `kura fs run` and its program go together.
+            let child = std::os::unix::process::CommandExt::process_group(&mut env.command(&[], &["python3", "-c", script, id]), 0)
+                .stdout(std::fs::File::create(&out).unwrap())
+                .stderr(std::fs::File::create(&err).unwrap())
+                .spawn()
+                .unwrap();
+            (id.to_string(), Some(child), out, err)
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(WORKERS_TIMEOUT_S);
+    let mut failure = None;
+    while failure.is_none() && workers.iter().any(|w| w.1.is_some()) {
+        for (id, child, out, err) in &mut workers {
+            let Some(status) = child.as_mut().and_then(|c| c.try_wait().unwrap()) else { continue };
+            *child = None;
+            if !status.success() {
+                let read = |p: &std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+                failure = Some(format!("worker {id} failed ({status}):\nstdout:\n{}\nstderr:\n{}", read(out), read(err)));
+                break;
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            let running: Vec<_> = workers.iter().filter(|w| w.1.is_some()).map(|w| w.0.clone()).collect();
+            failure = Some(format!("workers {running:?} still running after {WORKERS_TIMEOUT_S} s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for (_, child, _, _) in &mut workers {
+        if let Some(child) = child {
+            // SAFETY: kill(2) of the process group of a child this test started and has not
+            // reaped (`kura fs run` and its program; its local server has a group of its own).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+    if let Some(failure) = failure {
+        panic!("{failure}");
     }
 }
 

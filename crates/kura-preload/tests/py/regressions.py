@@ -232,6 +232,43 @@ def create_through_a_link_to_a_name_and_slash(root):
     ]
 
 
+def reopen_through_proc_self_fd(root):
+    # /proc/self/fd/N leads to the open file wherever it is now: renamed since, or unlinked
+    # (kura opened the path the descriptor was opened at: ENOENT, or another file there).
+    # O_NOFOLLOW is ELOOP, O_CREAT|O_EXCL EEXIST: the link is a symbolic link.
+    fd = os.open(f"{root}/file", os.O_RDWR)
+    os.rename(f"{root}/file", f"{root}/moved")
+    with open(f"{root}/file", "w") as f:
+        f.write("another file")
+    out = []
+    def reread(flags=os.O_RDONLY):
+        g = os.open(f"/proc/self/fd/{fd}", flags)
+        try:
+            return os.read(g, 100).decode()
+        finally:
+            os.close(g)
+    out.append(attempt(reread))
+    os.unlink(f"{root}/moved")
+    out.append(attempt(reread))
+    out.append(attempt(lambda: reread(os.O_RDONLY | os.O_NOFOLLOW)))
+    out.append(attempt(lambda: reread(os.O_RDWR | os.O_CREAT | os.O_EXCL)))
+    os.close(fd)
+    return out
+
+
+def fstat_of_a_directory_renamed_over_after_a_chmod(root):
+    # Replaced by a rename, the directory is removed; its descriptor shows its last mode
+    # (kura showed the mode at the open: 755).
+    os.mkdir(f"{root}/gone", 0o755)
+    fd = os.open(f"{root}/gone", os.O_RDONLY)
+    os.chmod(f"{root}/gone", 0o1777)
+    os.mkdir(f"{root}/new")
+    os.rename(f"{root}/new", f"{root}/gone")
+    st = os.fstat(fd)
+    os.close(fd)
+    return [f"{st.st_mode:o} nlink={st.st_nlink}"]
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -249,6 +286,8 @@ CASES = [
     o_trunc_sets_the_times_of_an_empty_file,
     two_opens_of_a_removed_directory_share_its_attributes,
     create_through_a_link_to_a_name_and_slash,
+    reopen_through_proc_self_fd,
+    fstat_of_a_directory_renamed_over_after_a_chmod,
 ]
 
 

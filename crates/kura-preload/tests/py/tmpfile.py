@@ -45,4 +45,15 @@ r = libc.linkat(AT_FDCWD, f"/proc/self/fd/{fd}".encode(), AT_FDCWD, f"{D}/named"
 print("linkat", r, os.strerror(ctypes.get_errno()) if r else "")
 os.close(fd)
 print("named", repr(open(f"{D}/named").read()), oct(os.stat(f"{D}/named").st_mode & 0o7777))
+
+# Reopened through /proc/self/fd/N (the kernel's magic link leads to the file itself, which
+# has no name): its data, in a new description with an offset of its own; O_TRUNC truncates.
+fd = os.open(D, os.O_TMPFILE | os.O_RDWR, 0o600)
+os.write(fd, b"no name\n")
+again = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+print("reopened", os.read(again, 100), os.fstat(again).st_nlink, os.fstat(again).st_ino == os.fstat(fd).st_ino)
+os.close(again)
+os.close(os.open(f"/dev/fd/{fd}", os.O_WRONLY | os.O_TRUNC))
+print("truncated through the link", os.fstat(fd).st_size)
+os.close(fd)
 print("listed at the end", sorted(os.listdir(D)))
