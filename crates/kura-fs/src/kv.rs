@@ -34,7 +34,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use kura_pool::stream::NodeStream;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -1168,14 +1167,10 @@ impl SideConn {
             }
             SideConn::Redis(c) => c.stream(),
         };
-        let mut byte = 0u8;
         // An idle connection answers EAGAIN, which is not the host program's business.
-        keeping_errno(|| {
-            // SAFETY: a one-byte receive into `byte`, which lives across the call, on the
-            // connection's own open descriptor; MSG_PEEK leaves the byte there, MSG_DONTWAIT
-            // does not block.
-            let n = unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-            n >= 0 || !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
+        keeping_errno(|| match stream.peek_nonblocking() {
+            Ok(_) => true,
+            Err(e) => !matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)),
         })
     }
 

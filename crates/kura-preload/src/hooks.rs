@@ -240,6 +240,14 @@ fn open_node_of<'a>(fs: &Arc<Fs>, of: &'a OpenFile) -> Result<&'a Arc<kura_fs::N
     Ok(of.set_node(node))
 }
 
+/// Sets the attributes every descriptor of this process keeps of the directory `inode` names,
+/// for when it is removed (or, removed, changed): they show in `fstat` until the last close.
+fn keep_dir_attributes(state: &State, inode: &Inode) {
+    for of in state.fds.read_guard().iter().flatten().filter(|of| of.is_dir && of.ino == inode.ino) {
+        *of.dir_inode.lock() = Some(inode.clone());
+    }
+}
+
 /// The inode of an open descriptor. A directory removed while open stays, as on Linux, a
 /// directory with no links (its record went at `rmdir`): its inode as last read, nlink 0.
 fn open_inode(fs: &Fs, of: &OpenFile) -> Result<Inode, i32> {
@@ -1839,9 +1847,7 @@ extern "C" fn h_unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_i
                         fs.rmdir(parent, &name).map_err(fs_errno)?;
                         // This process's descriptors of the directory keep its last attributes
                         // (a chmod since their open shows in their fstat, as on Linux).
-                        for of in state.fds.read_guard().iter().flatten().filter(|of| of.is_dir && of.ino == victim.ino) {
-                            *of.dir_inode.lock() = Some(victim.clone());
-                        }
+                        keep_dir_attributes(state, &victim);
                     } else {
                         if entry.dtype == libc::DT_DIR {
                             return Err(libc::EISDIR);
@@ -1961,9 +1967,7 @@ extern "C" fn h_renameat2(olddir: c_int, old: *const c_char, newdir: c_int, new:
             // A directory renamed over is removed: this process's descriptors of it keep its
             // last attributes, as after rmdir.
             if let Some(replaced) = replaced.filter(|t| !rf.exchange && kura_fs::layout::is_dir(t.mode)) {
-                for of in state.fds.read_guard().iter().flatten().filter(|of| of.is_dir && of.ino == replaced.ino) {
-                    *of.dir_inode.lock() = Some(replaced.clone());
-                }
+                keep_dir_attributes(state, &replaced);
             }
             Ok(0)
         }))
@@ -2239,11 +2243,7 @@ fn attr_op(dirfd: c_int, path: *const c_char, flags: c_int, raw_call: impl Fn(c_
                     let mut inode = open_inode(fs, &of)?;
                     let attr = cred().check_setattr(&inode, attr, times_now).map_err(fs_errno)?;
                     kura_fs::ns::apply_setattr(&mut inode, &attr, kura_fs::ns::now_ns());
-                    for (_, other) in state.fds.all() {
-                        if other.is_dir && other.ino == of.ino {
-                            *other.dir_inode.lock() = Some(inode.clone());
-                        }
-                    }
+                    keep_dir_attributes(state, &inode);
                     *of.dir_inode.lock() = Some(inode);
                     Ok(0)
                 }

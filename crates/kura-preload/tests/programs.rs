@@ -1737,19 +1737,14 @@ print("done", me)
     assert_eq!(env.run(&["cat", "/kura/live/config"]), "version 999\n");
 }
 
-/// Another process removes (or renames over) a file this one has open: as POSIX says, the open
-/// descriptor keeps the file, whole and writable, until it is closed; then the file's data goes
-/// from the pool. A process killed while it holds such a file leaves it to the next process
-/// that opens the file system, which deletes it.
-#[test]
-fn a_file_another_process_removes_stays_open_until_closed() {
-    let env = Env::new();
-    let script = r#"
-import json, os, signal, socket, subprocess, sys, time
-kura, data = sys.argv[1], sys.argv[2]
+/// Python helpers for scripts run under the preload with `kura` and `data` (the `kura` binary
+/// and the data directory) set: `other(cmd)` runs a shell command in another `kura fs run` of
+/// the same file system (its output returned), `items()` counts the local server's items.
+const LOCAL_SERVER_PY: &str = r#"
 def other(cmd):
     r = subprocess.run([kura, "fs", "run", "--data-dir", data, "--fuse", "off", "--", "sh", "-c", cmd], capture_output=True)
     assert r.returncode == 0, r.stderr
+    return r.stdout
 def items():
     info = json.load(open(os.path.join(data, "server.json")))
     if info.get("socket"):
@@ -1762,7 +1757,19 @@ def items():
     while not text.endswith(b"END\r\n"):
         text += s.recv(65536)
     return int([l for l in text.split(b"\r\n") if l.startswith(b"STAT curr_items ")][0].split()[2])
+"#;
 
+/// Another process removes (or renames over) a file this one has open: as POSIX says, the open
+/// descriptor keeps the file, whole and writable, until it is closed; then the file's data goes
+/// from the pool. A process killed while it holds such a file leaves it to the next process
+/// that opens the file system, which deletes it.
+#[test]
+fn a_file_another_process_removes_stays_open_until_closed() {
+    let env = Env::new();
+    let script = [r#"
+import json, os, signal, socket, subprocess, sys, time
+kura, data = sys.argv[1], sys.argv[2]
+"#, LOCAL_SERVER_PY, r#"
 other("touch /kura/warm")
 baseline = items()
 
@@ -1829,10 +1836,10 @@ _, status = os.waitpid(child, 0)
 assert status == 0, ("the forked child lost the removed file", status)
 assert items() == baseline, ("the child's close left the removed file behind", baseline, items())
 print("ok")
-"#;
+"#].concat();
     let kura = common::kura();
     let data = env.data_dir();
-    assert_eq!(env.run(&["python3", "-c", script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
+    assert_eq!(env.run(&["python3", "-c", &script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
 }
 
 /// An `O_TMPFILE` file is a file unlinked while open from its start: its chunks and record
@@ -1842,28 +1849,12 @@ print("ok")
 #[test]
 fn an_o_tmpfile_files_data_goes_at_its_last_close_or_with_its_holder() {
     let env = Env::new();
-    let script = r#"
+    let script = [r#"
 import ctypes, json, os, signal, socket, subprocess, sys
 kura, data = sys.argv[1], sys.argv[2]
 libc = ctypes.CDLL(None, use_errno=True)
 AT_EMPTY_PATH = 0x1000
-def other(cmd):
-    r = subprocess.run([kura, "fs", "run", "--data-dir", data, "--fuse", "off", "--", "sh", "-c", cmd], capture_output=True)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-def items():
-    info = json.load(open(os.path.join(data, "server.json")))
-    if info.get("socket"):
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(info["socket"])
-    else:
-        s = socket.create_connection(("127.0.0.1", info["port"]))
-    s.sendall(b"stats\r\n")
-    text = b""
-    while not text.endswith(b"END\r\n"):
-        text += s.recv(65536)
-    return int([l for l in text.split(b"\r\n") if l.startswith(b"STAT curr_items ")][0].split()[2])
-
+"#, LOCAL_SERVER_PY, r#"
 other("mkdir /kura/t")
 baseline = items()
 
@@ -1897,10 +1888,10 @@ holder.wait()
 other("ls /kura > /dev/null")
 assert items() == baseline, ("the dead holder's O_TMPFILE file was not swept", baseline, items())
 print("ok")
-"#;
+"#].concat();
     let kura = common::kura();
     let data = env.data_dir();
-    assert_eq!(env.run(&["python3", "-c", script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
+    assert_eq!(env.run(&["python3", "-c", &script, kura.to_str().unwrap(), data.to_str().unwrap()]), "ok\n");
 }
 
 /// A forked child of a process that embeds the engine leaves the engine alone: its `sync`

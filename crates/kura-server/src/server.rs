@@ -193,7 +193,7 @@ impl Server {
                     item_size_max_bytes: config.item_size_max_bytes,
                     port: local_addrs.first().map_or(0, SocketAddr::port),
                     allowed: config.allowed,
-                    domain_socket: config.unix_socket.as_ref().map(|u| (u.path.display().to_string(), u.mode)),
+                    domain_socket: config.unix_socket.clone(),
                     tcp_backlog: config.listen_backlog,
                     idle_timeout_s: config.idle_timeout.map_or(0, |t| t.as_secs()),
                     instance_id,

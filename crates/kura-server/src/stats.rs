@@ -208,7 +208,7 @@ pub struct ServerInfo {
     pub allowed: crate::config::Allowed,
     /// What `stats settings` tells of the listeners: the Unix socket and its permissions,
     /// the backlog, and the idle timeout.
-    pub domain_socket: Option<(String, u32)>,
+    pub domain_socket: Option<crate::config::UnixSocket>,
     pub tcp_backlog: u32,
     pub idle_timeout_s: u64,
     /// Random per process start ([`new_instance_id`]): a client that sees it change knows
@@ -439,8 +439,8 @@ impl StatsSources {
                     .to_owned(),
                 ),
             ),
-            ("domain_socket", Text(self.info.domain_socket.as_ref().map_or_else(|| "NULL".to_owned(), |(path, _)| path.clone()))),
-            ("umask", Text(format!("{:o}", self.info.domain_socket.as_ref().map_or(crate::config::UNIX_MASK_DEFAULT, |&(_, mode)| mode)))),
+            ("domain_socket", Text(self.info.domain_socket.as_ref().map_or_else(|| "NULL".to_owned(), |u| u.path.display().to_string()))),
+            ("umask", Text(format!("{:o}", self.info.domain_socket.as_ref().map_or(crate::config::UNIX_MASK_DEFAULT, |u| u.mode)))),
             ("shutdown_command", yes_no(self.info.allowed.shutdown)),
             ("tcp_backlog", U64(u64::from(self.info.tcp_backlog))),
             ("idle_timeout", U64(self.info.idle_timeout_s)),
