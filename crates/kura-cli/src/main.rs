@@ -29,6 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the memcached protocol from a kura store (values on flash, hot items in RAM).
+    #[command(version)]
     Serve(serve::ServeArgs),
     /// Work with an embedded engine store in a local file or on a raw device.
     Engine {

@@ -1290,7 +1290,14 @@ fn kura_lseek(state: &State, of: &OpenFile, offset: i64, whence: c_int) -> Resul
     }
     if matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE) {
         // It reads the size itself (after writing back this process's dirty pages).
-        let found = with_fs(state, |fs| fs.seek_data_or_hole(node_of(fs, of)?, offset, whence == libc::SEEK_HOLE).map_err(fs_errno))?;
+        let found = with_fs(state, |fs| fs.seek_data_or_hole(node_of(fs, of)?, offset, whence == libc::SEEK_HOLE).map_err(fs_errno))
+            .inspect_err(|&e| {
+                // A program that gets an error here (not ENXIO, the end) takes the whole file
+                // as data: say why when asked.
+                if std::env::var_os("KURA_FS_DEBUG").is_some() {
+                    complain(&format!("libkura_fs: lseek(SEEK_{}, {offset}): {}", if whence == libc::SEEK_HOLE { "HOLE" } else { "DATA" }, std::io::Error::from_raw_os_error(e)));
+                }
+            })?;
         let new = found.ok_or(libc::ENXIO)?;
         of.set_offset(new);
         return Ok(new as c_long);

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::config::{
     self, Allowed, Bytes, LISTEN_BACKLOG_DEFAULT, MAX_CONNECTIONS_DEFAULT, MEMORY_LIMIT_MB_DEFAULT,
-    ModeArg, PORT_DEFAULT, ProcessConfig, ServerConfig, SyncPolicy, UnixSocket,
+    ModeArg, PORT_DEFAULT, ProcessConfig, Protocol, ServerConfig, SyncPolicy, UnixSocket,
 };
 use kura_engine::Mode;
 use kura_proto::CrawlerCommand;
@@ -65,6 +65,65 @@ pub struct ServeArgs {
     /// Refuse watch (memcached -W).
     #[arg(short = 'W', long = "disable-watch")]
     pub disable_watch: bool,
+    /// Turn CAS off (memcached -C): every item's CAS value is 0 (`gets`, `mg c`, metadump),
+    /// so a `cas` never stores (EXISTS, or NOT_FOUND), `ms`/`md`/`ma` with `C<n>` match only
+    /// `C0`... as memcached's do, and `E` is refused.
+    #[arg(short = 'C', long = "disable-cas")]
+    pub disable_cas: bool,
+    /// ASCII authentication (memcached -Y): FILE holds `user:password` lines. A connection's
+    /// first request must then be `set <any key> <flags> <ttl> <bytes>` with `<user>
+    /// <password>` as its data; it answers STORED, or "CLIENT_ERROR authentication failure"
+    /// (the client may try again); any other request is answered "CLIENT_ERROR
+    /// unauthenticated".
+    #[arg(short = 'Y', long = "auth-file", value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// Requests per connection per event (memcached -R), at least 1; shown by `stats
+    /// settings`. kura's workers bound each connection's turn by what one read of its input
+    /// buffer holds, which already keeps a pipelining client from starving the others.
+    #[arg(short = 'R', long = "max-reqs-per-event", default_value_t = config::REQS_PER_EVENT_DEFAULT)]
+    pub max_reqs_per_event: u32,
+    /// Growth factor of memcached's slab classes (memcached -f), above 1: kura has no slab
+    /// allocator, but numbers items' classes as memcached would in `lru_crawler metadump`,
+    /// `watch`, and the class lists of the crawler's commands.
+    #[arg(short = 'f', long = "slab-growth-factor", default_value_t = config::SLAB_GROWTH_FACTOR_DEFAULT)]
+    pub slab_growth_factor: f64,
+    /// Bytes for key, value and flags in memcached's smallest slab chunk (memcached -n), at
+    /// least 1: like -f, it only numbers classes.
+    #[arg(short = 'n', long = "slab-min-size", default_value_t = config::SLAB_CHUNK_SIZE_DEFAULT)]
+    pub slab_min_size: u32,
+    /// The character that ends a key's prefix for per-prefix stats (memcached -D); giving
+    /// it turns them on (`stats detail on` does too; `stats detail dump` lists them).
+    #[arg(short = 'D', long = "detail-delimiter", value_name = "CHAR")]
+    pub detail_delimiter: Option<String>,
+    /// The protocol to speak (memcached -B): ascii, or auto (the same here). kura speaks
+    /// memcached's text and meta protocols; binary is refused with an error.
+    #[arg(short = 'B', long = "protocol", default_value = "auto")]
+    pub protocol: String,
+    /// Lock all of the server's memory into RAM (memcached -k: mlockall). When the system
+    /// refuses (RLIMIT_MEMLOCK), a warning says so and the server runs unlocked, as
+    /// memcached does.
+    #[arg(short = 'k', long = "lock-memory")]
+    pub lock_memory: bool,
+    /// Raise the core file size limit to its maximum (memcached -r), so a crash leaves a
+    /// core dump.
+    #[arg(short = 'r', long = "enable-coredumps")]
+    pub enable_coredumps: bool,
+    /// memcached -L (large pages for its item memory): taken, with no effect (kura's RAM is
+    /// its index, write buffers and cache; the kernel's transparent huge pages apply to it).
+    #[arg(short = 'L', long = "enable-largepages")]
+    pub enable_largepages: bool,
+    /// memcached -S (SASL): refused with an error, as it needs memcached's binary protocol,
+    /// which kura does not speak; use -Y.
+    #[arg(short = 'S', long = "enable-sasl", hide_short_help = true)]
+    pub enable_sasl: bool,
+    /// memcached -e (item memory in a file, to restart with it): refused with an error; kura's
+    /// items are in its store (--path), which every restart reopens.
+    #[arg(short = 'e', long = "memory-file", value_name = "FILE", hide_short_help = true)]
+    pub memory_file: Option<PathBuf>,
+    /// memcached -Z (TLS): refused with an error; kura serve speaks plain TCP or a Unix
+    /// socket (put a TLS proxy in front).
+    #[arg(short = 'Z', long = "enable-ssl", hide_short_help = true)]
+    pub enable_ssl: bool,
     /// Connections the kernel queues for the server before it accepts them (memcached -b).
     #[arg(short = 'b', long = "listen-backlog", default_value_t = LISTEN_BACKLOG_DEFAULT)]
     pub listen_backlog: u32,
@@ -176,6 +235,7 @@ impl ServeArgs {
             (_, true) => Some(Mode::Store),
             (mode, false) => mode,
         };
+        let protocol = self.to_protocol()?;
         let extended = Extended::parse(&self.extended)?;
         for option in &extended.no_effect {
             tracing::warn!(option, "-o {option}: memcached's option has no effect in kura (no slab allocator, LRU, hash table or extstore to tune)");
@@ -191,6 +251,7 @@ impl ServeArgs {
             listen,
             unix_socket,
             allowed,
+            protocol,
             listen_backlog: self.listen_backlog,
             crawler_setup: extended.crawler,
             max_connections: self.max_connections,
@@ -215,9 +276,64 @@ impl ServeArgs {
         Ok(config)
     }
 
+    /// `-C -Y -R -f -n -D -B`, checked as memcached checks them, and the options kura
+    /// refuses (`-S -e -Z`) with the reason.
+    fn to_protocol(&self) -> Result<Protocol, String> {
+        if self.enable_sasl {
+            return Err("-S: SASL authentication needs memcached's binary protocol, which kura does not speak; use -Y FILE (ASCII authentication)".to_owned());
+        }
+        if let Some(file) = &self.memory_file {
+            return Err(format!("-e {}: kura keeps items in its store (--path), which a restart reopens; it has no memory file", file.display()));
+        }
+        if self.enable_ssl {
+            return Err("-Z: kura serve does not speak TLS; listen on 127.0.0.1 or a Unix socket (-s) and put a TLS proxy in front".to_owned());
+        }
+        match self.protocol.as_str() {
+            "auto" | "ascii" => {}
+            "binary" => return Err("-B binary: kura speaks memcached's text and meta protocols, not the binary one (use -B ascii or auto)".to_owned()),
+            other => return Err(format!("-B {other}: invalid value for binding protocol (one of auto, binary or ascii)")),
+        }
+        if self.max_reqs_per_event == 0 {
+            return Err("-R: number of requests per event must be greater than 0".to_owned());
+        }
+        // memcached compares with 1.0 and takes NaN; kura refuses it too.
+        if !(self.slab_growth_factor > 1.0 && self.slab_growth_factor.is_finite()) {
+            return Err(format!("-f {}: factor must be greater than 1", self.slab_growth_factor));
+        }
+        if self.slab_min_size == 0 {
+            return Err("-n: chunk size must be greater than 0".to_owned());
+        }
+        let detail_delimiter = match self.detail_delimiter.as_deref() {
+            None => None,
+            Some(d) => match d.as_bytes() {
+                [c] => Some(*c),
+                [] => return Err("-D: no delimiter specified".to_owned()),
+                _ => return Err(format!("-D {d:?}: the delimiter is one character (byte)")),
+            },
+        };
+        let auth = self.auth_file.as_deref().map(config::Auth::load).transpose()?;
+        if self.enable_largepages {
+            tracing::warn!("-L: memcached's large pages have no effect in kura (no item memory to place in them)");
+        }
+        Ok(Protocol {
+            cas_enabled: !self.disable_cas,
+            auth,
+            reqs_per_event: self.max_reqs_per_event,
+            slab_growth_factor: self.slab_growth_factor,
+            slab_chunk_size: self.slab_min_size,
+            detail_delimiter,
+        })
+    }
+
     /// What the server's process does besides serving.
     pub fn to_process_config(&self) -> ProcessConfig {
-        ProcessConfig { daemon: self.daemon, pidfile: self.pidfile.clone(), user: self.user.clone() }
+        ProcessConfig {
+            daemon: self.daemon,
+            pidfile: self.pidfile.clone(),
+            user: self.user.clone(),
+            lock_memory: self.lock_memory,
+            enable_coredumps: self.enable_coredumps,
+        }
     }
 }
 
@@ -363,7 +479,7 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("kura-server").chain(args)).unwrap();
         assert_eq!(
             cli.serve.to_process_config(),
-            ProcessConfig { daemon: true, pidfile: Some("/var/run/memcached/memcached.pid".into()), user: Some("memcache".into()) }
+            ProcessConfig { daemon: true, pidfile: Some("/var/run/memcached/memcached.pid".into()), user: Some("memcache".into()), ..ProcessConfig::default() }
         );
         assert!(cli.serve.to_config().is_ok());
     }

@@ -70,6 +70,69 @@ impl Default for Allowed {
     }
 }
 
+/// memcached's default `-R`: requests one connection may have run per event.
+pub const REQS_PER_EVENT_DEFAULT: u32 = 20;
+/// memcached's default `-f`: each slab class's chunk size over the one before.
+pub const SLAB_GROWTH_FACTOR_DEFAULT: f64 = 1.25;
+/// memcached's default `-n`: bytes for key, value and flags in the smallest chunk.
+pub const SLAB_CHUNK_SIZE_DEFAULT: u32 = 48;
+/// memcached's default `-D`: what ends a key's prefix in `stats detail`.
+pub const DETAIL_DELIMITER_DEFAULT: u8 = b':';
+
+/// ASCII authentication (memcached's `-Y FILE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// The file, as given (what `stats settings` shows).
+    pub path: PathBuf,
+    pub users: std::sync::Arc<kura_proto::auth::AuthFile>,
+}
+
+impl Auth {
+    /// Reads and checks the file, as memcached does at startup.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read(path).map_err(|e| format!("-Y {}: could not open the auth file for reading: {e}", path.display()))?;
+        let users = kura_proto::auth::AuthFile::parse(&text).map_err(|e| format!("-Y {}: {e}", path.display()))?;
+        if users.is_empty() {
+            tracing::warn!(path = %path.display(), "-Y: the auth file has no entries: no client can authenticate");
+        }
+        Ok(Self { path: path.to_owned(), users: std::sync::Arc::new(users) })
+    }
+}
+
+/// memcached's switches that change what clients see besides which commands are allowed:
+/// `-C`, `-Y`, `-R`, `-f`, `-n` and `-D`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Protocol {
+    /// CAS values (`-C` turns them off: every item's is 0, `gets` and `mg c` say 0, a `cas`
+    /// never stores, `E` is refused; as in memcached).
+    pub cas_enabled: bool,
+    /// `-Y`: clients authenticate first.
+    pub auth: Option<Auth>,
+    /// `-R`, shown by `stats settings`. kura's workers read a bounded slice of each
+    /// connection per turn (`READS_PER_TURN` reads of at most the input buffer), which is
+    /// what keeps one client from starving the others; the number is not used otherwise.
+    pub reqs_per_event: u32,
+    /// `-f` and `-n`: memcached's slab classes, which kura has none of but names in the
+    /// `cls=` of `lru_crawler metadump`, `watch` and the crawler's class lists.
+    pub slab_growth_factor: f64,
+    pub slab_chunk_size: u32,
+    /// `-D`: what ends a key's prefix in `stats detail`; given, it turns the detail on.
+    pub detail_delimiter: Option<u8>,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Self {
+            cas_enabled: true,
+            auth: None,
+            reqs_per_event: REQS_PER_EVENT_DEFAULT,
+            slab_growth_factor: SLAB_GROWTH_FACTOR_DEFAULT,
+            slab_chunk_size: SLAB_CHUNK_SIZE_DEFAULT,
+            detail_delimiter: None,
+        }
+    }
+}
+
 /// memcached's default `-a`: the Unix socket only for its owner.
 pub const UNIX_MASK_DEFAULT: u32 = 0o700;
 
@@ -91,6 +154,10 @@ pub struct ProcessConfig {
     /// When started as root: the user to run as once the sockets are bound and the store
     /// is open.
     pub user: Option<String>,
+    /// `-k`: mlockall (a warning when refused).
+    pub lock_memory: bool,
+    /// `-r`: the core file size limit raised to its hard limit.
+    pub enable_coredumps: bool,
 }
 
 /// When writes are made durable.
@@ -196,6 +263,8 @@ pub struct ServerConfig {
     pub unix_socket: Option<UnixSocket>,
     /// Commands turned on or off (`-A -F -X -W`).
     pub allowed: Allowed,
+    /// `-C -Y -R -f -n -D`.
+    pub protocol: Protocol,
     /// The listening sockets' backlog (memcached's `-b`).
     pub listen_backlog: u32,
     /// Crawler settings from `-o` (`no_lru_crawler`, `lru_crawler_sleep`, ...), applied at

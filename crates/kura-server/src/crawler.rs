@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use kura_proto::{CrawlerCommand, MetadumpClasses};
 
-use crate::metadump::{BADCLASS_REPLY, BUSY_REPLY, ClearOnDrop, memcached_size_and_class};
+use crate::metadump::{BADCLASS_REPLY, BUSY_REPLY, ClearOnDrop};
 use crate::record::RecordView;
 use crate::stats::ConnStats;
 use crate::store::{Liveness, Store};
@@ -214,7 +214,7 @@ impl Crawler {
                 return true; // not an item record (the engine's checksums passed: another writer's)
             };
             let key = view.key(r.value);
-            let (_, class) = memcached_size_and_class(key, &view);
+            let (_, class) = self.store.slab_classes().size_and_class(key, &view);
             if !classes.includes(class) {
                 return true;
             }

@@ -20,6 +20,7 @@ use kura_proto::{
 
 use crate::cache::Probe;
 use crate::clock;
+use crate::detail::DetailOp;
 use crate::metadump::DumpFormat;
 use crate::output::{Body, Output, Response, Seq};
 use crate::record::RecordView;
@@ -302,6 +303,7 @@ fn storage(ctx: &mut Ctx<'_>, s: &Storage<'_>) {
         ..StoreRequest::new(mode, s.key, s.data)
     };
     *ctx.wrote = true;
+    ctx.sources.detail.record(s.key, DetailOp::Set);
     let stored = ctx.store.store(&req);
     log_store(ctx, &req, &stored);
     match stored {
@@ -323,7 +325,7 @@ fn storage(ctx: &mut Ctx<'_>, s: &Storage<'_>) {
 fn log_fetch(ctx: &Ctx<'_>, key: &[u8], found: Option<&Found>) {
     let watchers = &ctx.sources.watchers;
     if watchers.wants(WatchFlags::FETCHERS) {
-        watchers.item_get(key, found.map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
+        watchers.item_get(ctx.store.slab_classes(), key, found.map(|f| (f.meta().client_flags, f.view.data_len())), ctx.conn_fd);
     }
 }
 
@@ -354,7 +356,7 @@ fn log_store(ctx: &Ctx<'_>, req: &StoreRequest<'_>, stored: &Result<StoreOutcome
         0 => 0,
         at => (at - now_s).max(-1),
     };
-    watchers.item_store(&crate::watch::StoreLine { key: req.key, status, cmd, ttl_s, client_flags: req.client_flags, size_bytes: req.data.len(), cfd: ctx.conn_fd });
+    watchers.item_store(ctx.store.slab_classes(), &crate::watch::StoreLine { key: req.key, status, cmd, ttl_s, client_flags: req.client_flags, size_bytes: req.data.len(), cfd: ctx.conn_fd });
 }
 
 fn count_cas(ctx: &mut Ctx<'_>, mode: StoreMode, outcome: &StoreOutcome) {
@@ -391,6 +393,7 @@ fn get_and_touch(ctx: &mut Ctx<'_>, key: &[u8], exptime_s: i64, cas: bool) {
     let touched = ctx.store.touch(key, exptime_s);
     if let Ok(found) = &touched {
         log_fetch(ctx, key, found.as_ref());
+        ctx.sources.detail.record(key, DetailOp::Get { hit: found.is_some() });
     }
     match touched {
         Ok(Some(found)) => {
@@ -500,6 +503,7 @@ fn render_lookup(
     log_fetch(ctx, key, found.as_ref());
     match kind {
         LookupKind::Get { cas } => {
+            ctx.sources.detail.record(key, DetailOp::Get { hit: found.is_some() });
             found.map_or_else(Response::empty, |found| value_response(found, *cas))
         }
         LookupKind::Meta { line } => {
@@ -580,6 +584,7 @@ pub fn finish_lookup(
 
 fn delete(ctx: &mut Ctx<'_>, key: &[u8], noreply: bool) {
     *ctx.wrote = true;
+    ctx.sources.detail.record(key, DetailOp::Delete);
     match ctx.store.delete(key, None, None, DeleteMode::Remove) {
         Ok(DeleteOutcome::Deleted) => {
             bump(&ctx.stats.delete_hits);
@@ -654,6 +659,7 @@ fn stats(ctx: &mut Ctx<'_>, args: &kura_proto::Tokens<'_>) {
         // client keeping copies of records asks for when it connects.
         Some(b"changes") => ctx.sources.changes(),
         Some(b"reset") if args.len() == 1 => {
+            ctx.sources.reset();
             ctx.out.push_bytes(Reply::Reset.as_bytes());
             return;
         }
@@ -673,14 +679,23 @@ fn stats(ctx: &mut Ctx<'_>, args: &kura_proto::Tokens<'_>) {
             });
             return;
         }
-        // Per-prefix statistics: kura keeps none, so a dump lists no prefix.
+        // Per-prefix statistics (`crate::detail`).
         Some(b"detail") => {
-            let reply: &[u8] = match words.next() {
-                Some(b"on" | b"off") => b"OK\r\n",
-                Some(b"dump") => b"END\r\n",
-                _ => b"CLIENT_ERROR usage: stats detail on|off|dump\r\n",
-            };
-            ctx.out.push_bytes(reply);
+            let detail = &ctx.sources.detail;
+            match words.next() {
+                Some(b"on") => detail.set_enabled(true),
+                Some(b"off") => detail.set_enabled(false),
+                Some(b"dump") => {
+                    let dump = detail.dump();
+                    ctx.out.push_with(|out| out.extend_from_slice(&dump));
+                    return;
+                }
+                _ => {
+                    ctx.out.push_bytes(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n");
+                    return;
+                }
+            }
+            ctx.out.push_bytes(b"OK\r\n");
             return;
         }
         Some(_) => {
@@ -798,7 +813,23 @@ fn ttl_at_t(flags: &MetaFlags<'_>, before: i64, updates: &[(MetaFlag, Option<i64
     expire
 }
 
+/// With `-C`, memcached refuses a meta request's `E` (the new item's CAS value): `mg` and `ms`
+/// with "invalid flag", `md` and `ma` with "invalid or duplicate flag".
+fn new_cas_refused(ctx: &mut Ctx<'_>, flags: &MetaFlags<'_>, reply: &'static [u8]) -> bool {
+    if ctx.store.cas_enabled() || flags.new_cas().is_none() {
+        return false;
+    }
+    ctx.out.push_bytes(reply);
+    true
+}
+
+const INVALID_FLAG: &[u8] = b"CLIENT_ERROR invalid flag\r\n";
+const INVALID_OR_DUPLICATE_FLAG: &[u8] = b"CLIENT_ERROR invalid or duplicate flag\r\n";
+
 fn meta_get(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>, raw: &[u8]) {
+    if new_cas_refused(ctx, &m.flags, INVALID_FLAG) {
+        return;
+    }
     let mut buf = [0u8; KEY_LENGTH_MAX];
     let Some(key) = meta_key(ctx, m.key, m.flags.base64_key(), &mut buf) else {
         return;
@@ -918,6 +949,9 @@ fn meta_get_reply(
 }
 
 fn meta_set(ctx: &mut Ctx<'_>, m: &MetaSet<'_>) {
+    if new_cas_refused(ctx, &m.flags, INVALID_FLAG) {
+        return;
+    }
     bump(&ctx.stats.cmd_set);
     let mut buf = [0u8; KEY_LENGTH_MAX];
     let Some(key) = meta_key(ctx, m.key, m.flags.base64_key(), &mut buf) else {
@@ -972,6 +1006,9 @@ fn meta_set(ctx: &mut Ctx<'_>, m: &MetaSet<'_>) {
 }
 
 fn meta_delete(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>) {
+    if new_cas_refused(ctx, &m.flags, INVALID_OR_DUPLICATE_FLAG) {
+        return;
+    }
     let mut buf = [0u8; KEY_LENGTH_MAX];
     let Some(key) = meta_key(ctx, m.key, m.flags.base64_key(), &mut buf) else {
         return;
@@ -1016,6 +1053,9 @@ fn meta_delete(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>) {
 }
 
 fn meta_arithmetic(ctx: &mut Ctx<'_>, m: &MetaArithmetic<'_>) {
+    if new_cas_refused(ctx, &m.flags, INVALID_OR_DUPLICATE_FLAG) {
+        return;
+    }
     let mut buf = [0u8; KEY_LENGTH_MAX];
     let Some(key) = meta_key(ctx, m.key, m.flags.base64_key(), &mut buf) else {
         return;
@@ -1110,6 +1150,7 @@ fn meta_debug(ctx: &mut Ctx<'_>, raw_key: &[u8], base64_key: bool) {
             let now_s = clock::unix_now_s();
             let meta = found.view.meta;
             let (fetched, last_access_s) = found.access(now_s);
+            let (size_bytes, slab_class) = ctx.store.slab_classes().size_and_class(key, &found.view);
             let info = MetaDebugInfo {
                 // memcached prints `current_time - exptime`: negative while the item lives.
                 exptime_s: if meta.expire_at_s == 0 {
@@ -1120,8 +1161,8 @@ fn meta_debug(ctx: &mut Ctx<'_>, raw_key: &[u8], base64_key: bool) {
                 last_access_s,
                 cas: found.cas(),
                 fetched,
-                slab_class: 1,
-                size_bytes: found.bytes().len() as u64,
+                slab_class,
+                size_bytes: size_bytes as u64,
             };
             ctx.out
                 .push_with(|out| encode::meta_debug(out, key, base64_key, &info));

@@ -41,6 +41,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod crawler;
+pub mod detail;
 pub mod exec;
 pub mod heap;
 pub mod metadump;

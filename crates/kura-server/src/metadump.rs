@@ -44,11 +44,8 @@ const CHANNEL_FULL_PAUSE: Duration = Duration::from_millis(2);
 const MEMCACHED_ITEM_HEADER_BYTES: usize = 48;
 const MEMCACHED_CAS_BYTES: usize = 8;
 const MEMCACHED_CLIENT_FLAGS_BYTES: usize = 4;
-/// memcached's default smallest chunk (`-n 48` plus the item header), growth factor
-/// (`-f 1.25`), alignment, and largest chunk (half the 1 MiB item size).
-const SLAB_SIZE_MIN_BYTES: usize = 96;
+/// memcached's chunk alignment and largest chunk (half its default 1 MiB item size).
 const SLAB_ALIGN_BYTES: usize = 8;
-const SLAB_GROWTH_FACTOR: f64 = 1.25;
 const SLAB_CHUNK_MAX_BYTES: usize = 512 * 1024;
 
 /// The reply when a dump is already running.
@@ -173,8 +170,8 @@ fn run(store: &Store, classes: MetadumpClasses, format: DumpFormat, sender: &Chu
             return true;
         }
         match format {
-            DumpFormat::Metadump => item_line(&mut chunk, view.key(r.value), &view, r.version, &classes),
-            DumpFormat::Mg => mg_line(&mut chunk, view.key(r.value), &view, &classes),
+            DumpFormat::Metadump => item_line(&mut chunk, store, view.key(r.value), &view, r.version, &classes),
+            DumpFormat::Mg => mg_line(&mut chunk, store.slab_classes(), view.key(r.value), &view, &classes),
         }
         if chunk.len() >= CHUNK_BYTES && !sender.send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_BYTES + 512))) {
             gone = true;
@@ -197,9 +194,9 @@ fn run(store: &Store, classes: MetadumpClasses, format: DumpFormat, sender: &Chu
 }
 
 /// Appends the item's line if its class is among `classes`.
-pub fn item_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, version: u64, classes: &MetadumpClasses) {
+pub fn item_line(out: &mut Vec<u8>, store: &Store, key: &[u8], view: &RecordView, version: u64, classes: &MetadumpClasses) {
     let meta = &view.meta;
-    let (size, class) = memcached_size_and_class(key, view);
+    let (size, class) = store.slab_classes().size_and_class(key, view);
     if !classes.includes(class) {
         return;
     }
@@ -207,14 +204,14 @@ pub fn item_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, version: u64,
     uri_encode(out, key);
     let exp = if meta.expire_at_s == 0 { -1 } else { meta.expire_at_s };
     let la = meta.set_time_us / 1_000_000;
-    out.extend_from_slice(format!(" exp={exp} la={la} cas={} fetch=no cls={class} size={size}\n", meta.cas(version)).as_bytes());
+    out.extend_from_slice(format!(" exp={exp} la={la} cas={} fetch=no cls={class} size={size}\n", store.item_cas(meta, version)).as_bytes());
 }
 
 /// Appends the item's `mg <key>` line if its class is among `classes` (memcached's
 /// `crawler_mgdump_eval`): the key as it is, or base64-encoded with ` b` if it is not a text
 /// key.
-pub fn mg_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, classes: &MetadumpClasses) {
-    let (_, class) = memcached_size_and_class(key, view);
+pub fn mg_line(out: &mut Vec<u8>, slabs: &SlabClasses, key: &[u8], view: &RecordView, classes: &MetadumpClasses) {
+    let (_, class) = slabs.size_and_class(key, view);
     if !classes.includes(class) {
         return;
     }
@@ -228,37 +225,67 @@ pub fn mg_line(out: &mut Vec<u8>, key: &[u8], view: &RecordView, classes: &Metad
     }
 }
 
-/// What memcached with its default slab classes would report for the item: its `size=` and
-/// its class (see [`memcached_item_bytes`] and [`slab_class`]).
-pub fn memcached_size_and_class(key: &[u8], view: &RecordView) -> (usize, u32) {
-    let size = memcached_item_bytes(key.len(), view.meta.client_flags, view.data_len());
-    (size, slab_class(size))
+/// memcached's slab classes as `-f`, `-n` and `-C` make them. kura has no slab allocator,
+/// but names an item's class and size (`cls=`, `size=`, `clsid=`, the crawler's class lists)
+/// as memcached with the same options would.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlabClasses {
+    /// Each class's largest item, ascending (class 1 first); the last class takes every
+    /// bigger item too (memcached stores those chunked in it).
+    chunk_bytes: Vec<usize>,
+    /// The CAS field in each item, 0 with `-C`.
+    cas_bytes: usize,
 }
 
-/// memcached's `ITEM_ntotal` of an item with CAS: header, key and its NUL, data and its
-/// `\r\n`, CAS, and client flags when they are not zero.
-pub fn memcached_item_bytes(key_len: usize, client_flags: u32, data_len: usize) -> usize {
-    let flags = if client_flags != 0 { MEMCACHED_CLIENT_FLAGS_BYTES } else { 0 };
-    MEMCACHED_ITEM_HEADER_BYTES + key_len + 1 + data_len + 2 + MEMCACHED_CAS_BYTES + flags
+impl Default for SlabClasses {
+    fn default() -> Self {
+        Self::new(crate::config::SLAB_GROWTH_FACTOR_DEFAULT, crate::config::SLAB_CHUNK_SIZE_DEFAULT, true)
+    }
 }
 
-/// The slab class memcached's default classes put an item of `size` bytes in (1-based).
-/// As memcached's `slabs_init`: each class's chunk is the previous one × 1.25, aligned to 8;
-/// the class reached once the product passes the largest chunk / 1.25 is the last, with the
-/// largest chunk (bigger items are stored chunked in it).
-pub fn slab_class(size: usize) -> u32 {
-    let mut chunk = SLAB_SIZE_MIN_BYTES;
-    let mut class = 1;
-    loop {
-        if chunk as f64 >= SLAB_CHUNK_MAX_BYTES as f64 / SLAB_GROWTH_FACTOR || class == MetadumpClasses::CLASS_MAX {
-            return class;
+impl SlabClasses {
+    /// As memcached's `slabs_init`: the smallest chunk is the item header plus `chunk_size`
+    /// (`-n`), each next one the previous × `growth_factor` (`-f`, above 1), aligned to 8;
+    /// the class reached once the product passes the largest chunk / factor is the last, with
+    /// the largest chunk.
+    pub fn new(growth_factor: f64, chunk_size: u32, cas_enabled: bool) -> Self {
+        let mut chunk_bytes = Vec::new();
+        let mut chunk = MEMCACHED_ITEM_HEADER_BYTES + chunk_size as usize;
+        loop {
+            let class = chunk_bytes.len() as u32 + 1;
+            if chunk as f64 >= SLAB_CHUNK_MAX_BYTES as f64 / growth_factor || class == MetadumpClasses::CLASS_MAX {
+                chunk_bytes.push(usize::MAX);
+                break;
+            }
+            let aligned = chunk.next_multiple_of(SLAB_ALIGN_BYTES);
+            chunk_bytes.push(aligned);
+            chunk = (aligned as f64 * growth_factor) as usize;
         }
-        let aligned = chunk.next_multiple_of(SLAB_ALIGN_BYTES);
-        if size <= aligned {
-            return class;
-        }
-        chunk = (aligned as f64 * SLAB_GROWTH_FACTOR) as usize;
-        class += 1;
+        Self { chunk_bytes, cas_bytes: if cas_enabled { MEMCACHED_CAS_BYTES } else { 0 } }
+    }
+
+    /// memcached's `ITEM_ntotal`: header, key and its NUL, data and its `\r\n`, CAS (unless
+    /// `-C`), and client flags when they are not zero.
+    pub fn item_bytes(&self, key_len: usize, client_flags: u32, data_len: usize) -> usize {
+        let flags = if client_flags != 0 { MEMCACHED_CLIENT_FLAGS_BYTES } else { 0 };
+        MEMCACHED_ITEM_HEADER_BYTES + key_len + 1 + data_len + 2 + self.cas_bytes + flags
+    }
+
+    /// The class (1-based) of an item of `size` bytes.
+    pub fn class(&self, size: usize) -> u32 {
+        let index = self.chunk_bytes.partition_point(|&chunk| chunk < size);
+        index.min(self.chunk_bytes.len() - 1) as u32 + 1
+    }
+
+    /// The class of an item of this key, client flags and data length.
+    pub fn class_of(&self, key_len: usize, client_flags: u32, data_len: usize) -> u32 {
+        self.class(self.item_bytes(key_len, client_flags, data_len))
+    }
+
+    /// The item's `size=` and class.
+    pub fn size_and_class(&self, key: &[u8], view: &RecordView) -> (usize, u32) {
+        let size = self.item_bytes(key.len(), view.meta.client_flags, view.data_len());
+        (size, self.class(size))
     }
 }
 
@@ -303,22 +330,31 @@ mod tests {
     /// `set big 0 0 5000`, `set k 0 0 1`).
     #[test]
     fn sizes_and_classes_as_memcached() {
-        assert_eq!(memcached_item_bytes(3, 5, 3), 69);
-        assert_eq!(memcached_item_bytes(2, 0, 1), 62);
-        assert_eq!(memcached_item_bytes(1, 0, 1), 61);
-        assert_eq!(memcached_item_bytes(3, 0, 5000), 5062);
-        assert_eq!(slab_class(61), 1);
-        assert_eq!(slab_class(96), 1);
-        assert_eq!(slab_class(97), 2);
-        assert_eq!(slab_class(5062), 19);
+        let slabs = SlabClasses::default();
+        assert_eq!(slabs.item_bytes(3, 5, 3), 69);
+        assert_eq!(slabs.item_bytes(2, 0, 1), 62);
+        assert_eq!(slabs.item_bytes(1, 0, 1), 61);
+        assert_eq!(slabs.item_bytes(3, 0, 5000), 5062);
+        assert_eq!(slabs.class(61), 1);
+        assert_eq!(slabs.class(96), 1);
+        assert_eq!(slabs.class(97), 2);
+        assert_eq!(slabs.class(5062), 19);
         // Classes never pass the largest memcached takes.
-        assert!(slab_class(1 << 20) <= MetadumpClasses::CLASS_MAX);
+        assert_eq!(slabs.class(1 << 30), 39, "memcached's default classes: 39");
         let mut last = 0;
         for size in (1..(1 << 20)).step_by(997) {
-            let class = slab_class(size);
+            let class = slabs.class(size);
             assert!(class >= last, "classes grow with size");
             last = class;
         }
+        // -C: no CAS field; memcached 1.6.18 -C said size=53 for `set a 0 0 1`.
+        assert_eq!(SlabClasses::new(1.25, 48, false).item_bytes(1, 0, 1), 53);
+        // -f 2 -n 16: chunks 64, 128, 256, ... (memcached 1.6.18 -f 2 -n 16: the 5,062-byte
+        // item in class 8, 8,192 bytes).
+        let doubling = SlabClasses::new(2.0, 16, true);
+        assert_eq!((doubling.class(64), doubling.class(65), doubling.class(5062)), (1, 2, 8));
+        // A factor so small that the classes run out: 63 at most.
+        assert_eq!(SlabClasses::new(1.01, 1, true).class(1 << 30), MetadumpClasses::CLASS_MAX);
     }
 
     #[test]

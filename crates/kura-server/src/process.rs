@@ -1,5 +1,6 @@
 //! The server as a system service runs it, with memcached's options: in the background
-//! (`-d`), with a pid file (`-P`), as an unprivileged user (`-u`).
+//! (`-d`), with a pid file (`-P`), as an unprivileged user (`-u`), its memory locked (`-k`),
+//! leaving core dumps (`-r`).
 //!
 //! `-d` forks before any thread starts. The parent stays until the child has bound its
 //! sockets and opened the store, or failed to: the child tells it through a pipe, and the
@@ -168,4 +169,33 @@ pub fn drop_privileges(user: &str) -> Result<(), ProcessError> {
     }
     tracing::info!(user, uid, gid, "running as");
     Ok(())
+}
+
+/// memcached's `-r`: the core file size limit raised to the hard limit (a warning if that
+/// fails).
+pub fn enable_coredumps() {
+    // SAFETY: getrlimit and setrlimit read and write the rlimit struct we own.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_CORE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_CORE, &limit) == 0 {
+                tracing::info!(core_limit = limit.rlim_cur, "-r: core file size limit raised");
+                return;
+            }
+        }
+    }
+    tracing::warn!(error = %io::Error::last_os_error(), "-r: failed to raise the core file size limit");
+}
+
+/// memcached's `-k`: every page of the process, now and to come, locked in RAM. A refusal
+/// (RLIMIT_MEMLOCK too low, no CAP_IPC_LOCK) is a warning, and the server runs unlocked, as
+/// memcached does.
+pub fn lock_memory() {
+    // SAFETY: mlockall takes flags only.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } == 0 {
+        tracing::info!("-k: memory locked");
+    } else {
+        tracing::warn!(error = %io::Error::last_os_error(), "-k: mlockall failed; running with memory unlocked");
+    }
 }

@@ -101,6 +101,12 @@ fn serve(config: &ServerConfig, process: &ProcessConfig, daemon: Option<process:
         what: "blocking signals",
         source,
     })?;
+    if process.enable_coredumps {
+        process::enable_coredumps();
+    }
+    if process.lock_memory {
+        process::lock_memory();
+    }
     let started = Server::start(config).and_then(|server| {
         let pidfile = process.pidfile.as_deref().map(PidFile::create).transpose()?;
         if let Some(user) = &process.user {
@@ -196,6 +202,7 @@ impl Server {
                     domain_socket: config.unix_socket.clone(),
                     tcp_backlog: config.listen_backlog,
                     idle_timeout_s: config.idle_timeout.map_or(0, |t| t.as_secs()),
+                    protocol: config.protocol.clone(),
                     instance_id,
                 },
                 conns: Arc::clone(&conns),
@@ -204,6 +211,7 @@ impl Server {
                 crawler: Arc::new(crate::crawler::Crawler::new(Arc::clone(&store), Arc::clone(&conns))),
                 watchers: Arc::default(),
                 stop_requested: AtomicBool::new(false),
+                detail: crate::detail::Detail::new(config.protocol.detail_delimiter),
             },
             store,
             conns,
@@ -361,6 +369,8 @@ fn open_store(config: &ServerConfig) -> Result<Arc<Store>, ServerError> {
         block_size_bytes: config.block_size_bytes,
         seal_threads: config.seal_threads,
         partitions_max: config.partitions_max,
+        cas_enabled: config.protocol.cas_enabled,
+        slab_classes: crate::metadump::SlabClasses::new(config.protocol.slab_growth_factor, config.protocol.slab_chunk_size, config.protocol.cas_enabled),
     };
     let store = Store::open(&config.path, &store_config).map_err(|source| ServerError::Store {
         path: config.path.display().to_string(),

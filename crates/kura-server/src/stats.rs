@@ -24,6 +24,11 @@ macro_rules! counters {
             pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($field), self.$field.load(Ordering::Relaxed)),)*]
             }
+
+            /// Every counter back to 0 (`stats reset`).
+            pub fn reset(&self) {
+                $(self.$field.store(0, Ordering::Relaxed);)*
+            }
         }
     };
 }
@@ -37,6 +42,7 @@ counters!(
         incr_misses, incr_hits, decr_misses, decr_hits,
         cas_misses, cas_hits, cas_badval,
         touch_hits, touch_misses,
+        auth_cmds, auth_errors,
         bytes_read, bytes_written,
         ram_cache_hits, flash_gets, flash_reads,
         protocol_errors, server_errors,
@@ -211,6 +217,8 @@ pub struct ServerInfo {
     pub domain_socket: Option<crate::config::UnixSocket>,
     pub tcp_backlog: u32,
     pub idle_timeout_s: u64,
+    /// `-C -Y -R -f -n -D`.
+    pub protocol: crate::config::Protocol,
     /// Random per process start ([`new_instance_id`]): a client that sees it change knows
     /// the server restarted (and may have lost writes it acknowledged but had not synced).
     pub instance_id: u64,
@@ -247,6 +255,8 @@ pub struct StatsSources {
     pub watchers: Arc<crate::watch::Watchers>,
     /// A client sent `shutdown` (with `-A`): the server stops as at SIGTERM.
     pub stop_requested: std::sync::atomic::AtomicBool,
+    /// `stats detail`'s per-prefix counters.
+    pub detail: crate::detail::Detail,
 }
 
 pub const VERSION: &str = concat!("1.6.18-kura-", env!("CARGO_PKG_VERSION"));
@@ -266,6 +276,24 @@ impl StatsSources {
             }
         }
         total
+    }
+
+    /// `stats reset`, as memcached's: the counters go back to 0 (the command counters, the
+    /// connections accepted and refused, idle kicks, crawler starts, items stored, expired
+    /// and flushed reads) and the per-prefix counts are forgotten; what describes the present
+    /// (items, bytes, connections open) stays.
+    pub fn reset(&self) {
+        for worker in &self.workers {
+            worker.reset();
+        }
+        for counter in [&self.conns.total_connections, &self.conns.rejected_connections, &self.conns.idle_kicks, &self.conns.lru_crawler_starts] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        let store = &self.store.counters;
+        for counter in [&store.total_items, &store.get_expired, &store.get_flushed] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        self.detail.clear();
     }
 
     /// The general `stats` fields, in memcached's order where it has them.
@@ -332,6 +360,8 @@ impl StatsSources {
             "cas_badval",
             "touch_hits",
             "touch_misses",
+            "auth_cmds",
+            "auth_errors",
             "bytes_read",
             "bytes_written",
         ] {
@@ -426,7 +456,12 @@ impl StatsSources {
             ("tcpport", U64(u64::from(self.info.port))),
             ("udpport", U64(0)),
             ("num_threads", U64(self.info.threads as u64)),
-            ("cas_enabled", Text("yes".to_owned())),
+            ("growth_factor", Text(format!("{:.2}", self.info.protocol.slab_growth_factor))),
+            ("chunk_size", U64(u64::from(self.info.protocol.slab_chunk_size))),
+            ("stat_key_prefix", Text(char::from(self.detail.delimiter()).to_string())),
+            ("detail_enabled", yes_no(self.detail.enabled())),
+            ("reqs_per_event", U64(u64::from(self.info.protocol.reqs_per_event))),
+            ("cas_enabled", yes_no(self.info.protocol.cas_enabled)),
             ("item_size_max", U64(self.info.item_size_max_bytes as u64)),
             (
                 "evictions",
@@ -451,6 +486,8 @@ impl StatsSources {
             ("lru_crawler_sleep", U64(u64::from(self.crawler.settings().0))),
             ("lru_crawler_tocrawl", U64(u64::from(self.crawler.settings().1))),
             ("binding_protocol", Text("ascii".to_owned())),
+            ("auth_enabled_sasl", yes_no(false)),
+            ("auth_enabled_ascii", Text(self.info.protocol.auth.as_ref().map_or_else(|| "no".to_owned(), |a| a.path.display().to_string()))),
             (
                 "kura_ram_cache_limit_bytes",
                 U64(self.store.cache_stats().limit_bytes),

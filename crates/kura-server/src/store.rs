@@ -89,6 +89,8 @@ pub struct Found {
     pub holder: Holder,
     pub view: RecordView,
     pub version: u64,
+    /// memcached's `-C` off: the CAS value shown and compared is 0.
+    pub cas_enabled: bool,
 }
 
 impl Found {
@@ -103,8 +105,9 @@ impl Found {
         &self.view.meta
     }
 
+    /// The item's CAS value (0 with `-C`).
     pub fn cas(&self) -> u64 {
-        self.view.meta.cas(self.version)
+        if self.cas_enabled { self.view.meta.cas(self.version) } else { 0 }
     }
 
     pub fn data(&self) -> &[u8] {
@@ -298,6 +301,10 @@ pub struct StoreConfig {
     pub seal_threads: usize,
     /// Used when the store is created: see [`crate::config::PARTITIONS_MAX_DEFAULT`].
     pub partitions_max: u32,
+    /// memcached's `-C` turns CAS off: every item's CAS value is 0.
+    pub cas_enabled: bool,
+    /// How memcached with the server's `-f -n -C` would class items.
+    pub slab_classes: crate::metadump::SlabClasses,
 }
 
 /// The smallest block size (a power of two, at least 4 MiB) that holds the
@@ -317,6 +324,9 @@ pub struct Store {
     stripes: Box<[Mutex<()>]>,
     item_size_max_bytes: usize,
     mode: Mode,
+    /// `-C` off: CAS values are 0 (see [`Found::cas`], [`Store::item_cas`]).
+    cas_enabled: bool,
+    slab_classes: crate::metadump::SlabClasses,
     /// Writes so far (bumped after each engine write) and the count a completed sync covered:
     /// a sync is needed while `writes_synced < writes`.
     writes: AtomicU64,
@@ -389,6 +399,8 @@ impl Store {
             writes_synced: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
             counters: StoreCounters::default(),
+            cas_enabled: config.cas_enabled,
+            slab_classes: config.slab_classes.clone(),
             changes: std::sync::OnceLock::new(),
             engine,
         })
@@ -494,6 +506,21 @@ impl Store {
         }
     }
 
+    /// The CAS value of a record written with engine `version` (0 with `-C`).
+    pub fn item_cas(&self, meta: &ItemMeta, version: u64) -> u64 {
+        if self.cas_enabled { meta.cas(version) } else { 0 }
+    }
+
+    /// How memcached would class items (`cls=` of metadump, `clsid=` of watch).
+    pub fn slab_classes(&self) -> &crate::metadump::SlabClasses {
+        &self.slab_classes
+    }
+
+    /// Whether CAS values are kept (memcached's `-C` turns them off).
+    pub fn cas_enabled(&self) -> bool {
+        self.cas_enabled
+    }
+
     /// Turns an engine item into a live record, or `None`.
     pub fn found_from_flash(&self, item: Item) -> StoreResult<Option<Found>> {
         let view = RecordView::parse(item.value())?;
@@ -502,6 +529,7 @@ impl Store {
         }
         let version = item.version;
         Ok(Some(Found {
+            cas_enabled: self.cas_enabled,
             holder: Holder::Flash(item),
             view,
             version,
@@ -514,6 +542,7 @@ impl Store {
             return None;
         }
         Some(Found {
+            cas_enabled: self.cas_enabled,
             view: record.view,
             version: record.version,
             holder: Holder::Cached(record),
@@ -550,6 +579,7 @@ impl Store {
                         return Ok(None);
                     }
                     Ok(Some(Found {
+                        cas_enabled: self.cas_enabled,
                         version: item.version,
                         holder: Holder::Flash(item),
                         view,
@@ -562,6 +592,7 @@ impl Store {
 
     fn found_from_cache_quiet(&self, record: Arc<CachedRecord>) -> Option<Found> {
         (self.liveness(&record.view.meta) == Liveness::Live).then(|| Found {
+            cas_enabled: self.cas_enabled,
             view: record.view,
             version: record.version,
             holder: Holder::Cached(record),
@@ -670,7 +701,7 @@ impl Store {
                 let (version, _) = self.put_record(req.key, record, false)?;
                 self.count_item();
                 Ok(StoreOutcome::Stored {
-                    cas: meta.cas(version),
+                    cas: self.item_cas(&meta, version),
                 })
             }
             StoreMode::Cas => Ok(StoreOutcome::Exists),
@@ -695,7 +726,7 @@ impl Store {
                 let (version, _) = self.put_record(req.key, record, true)?;
                 self.count_item();
                 Ok(StoreOutcome::Stored {
-                    cas: meta.cas(version),
+                    cas: self.item_cas(&meta, version),
                 })
             }
         }
@@ -708,7 +739,7 @@ impl Store {
         let (version, _) = self.put_record(req.key, record, insert)?;
         self.count_item();
         Ok(StoreOutcome::Stored {
-            cas: meta.cas(version),
+            cas: self.item_cas(&meta, version),
         })
     }
 
@@ -791,7 +822,7 @@ impl Store {
             self.count_item();
             return Ok(ArithOutcome::Value {
                 value: initial,
-                cas: meta.cas(version),
+                cas: self.item_cas(&meta, version),
                 meta,
                 created: true,
                 old_expire_at_s: 0,
@@ -833,7 +864,7 @@ impl Store {
         let (version, _) = self.put_record(req.key, record, true)?;
         Ok(ArithOutcome::Value {
             value,
-            cas: meta.cas(version),
+            cas: self.item_cas(&meta, version),
             meta,
             created: false,
             old_expire_at_s: old_meta.expire_at_s,
@@ -860,6 +891,7 @@ impl Store {
     fn found_after_write(&self, key: &[u8], version: u64, view: RecordView) -> Option<Found> {
         match self.cache.probe(key) {
             Probe::Hit(record) if record.version == version => Some(Found {
+                cas_enabled: self.cas_enabled,
                 view,
                 version,
                 holder: Holder::Cached(record),
@@ -871,6 +903,7 @@ impl Store {
                 .flatten()
                 .filter(|item| item.version == version)
                 .map(|item| Found {
+                    cas_enabled: self.cas_enabled,
                     holder: Holder::Flash(item),
                     view,
                     version,

@@ -105,6 +105,8 @@ fn new_store() -> Store {
         block_size_bytes: None,
         seal_threads: 0,
         partitions_max: crate::config::PARTITIONS_MAX_DEFAULT,
+        cas_enabled: true,
+        slab_classes: crate::metadump::SlabClasses::default(),
     };
     Store::with_engine(engine, &store_config).expect("store")
 }

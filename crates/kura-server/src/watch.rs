@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use kura_proto::WatchFlags;
 
-use crate::metadump::{memcached_item_bytes, slab_class, uri_encode};
+use crate::metadump::{SlabClasses, uri_encode};
 
 /// Bytes of lines a watcher may have waiting for its worker; more are skipped (counted).
 pub const WATCH_BUFFER_BYTES_MAX: usize = 256 * 1024;
@@ -163,12 +163,12 @@ impl Watchers {
     }
 
     /// `type=item_get`: a lookup a client asked for; `found` is (client flags, data bytes).
-    pub fn item_get(&self, key: &[u8], found: Option<(u32, usize)>, cfd: i32) {
+    pub fn item_get(&self, slabs: &SlabClasses, key: &[u8], found: Option<(u32, usize)>, cfd: i32) {
         self.log(WatchFlags::FETCHERS, |out| {
             out.extend_from_slice(b"type=item_get key=");
             uri_encode(out, key);
             let (status, class, size) = match found {
-                Some((flags, size)) => ("found", slab_class(memcached_item_bytes(key.len(), flags, size)), size),
+                Some((flags, size)) => ("found", slabs.class_of(key.len(), flags, size), size),
                 None => ("not_found", 0, 0),
             };
             out.extend_from_slice(format!(" status={status} clsid={class} cfd={cfd} size={size}").as_bytes());
@@ -176,12 +176,12 @@ impl Watchers {
     }
 
     /// `type=item_store`: a store and its outcome.
-    pub fn item_store(&self, store: &StoreLine<'_>) {
+    pub fn item_store(&self, slabs: &SlabClasses, store: &StoreLine<'_>) {
         self.log(WatchFlags::MUTATIONS, |out| {
             out.extend_from_slice(b"type=item_store key=");
             uri_encode(out, store.key);
             let StoreLine { status, cmd, ttl_s, cfd, size_bytes, .. } = store;
-            let class = slab_class(memcached_item_bytes(store.key.len(), store.client_flags, *size_bytes));
+            let class = slabs.class_of(store.key.len(), store.client_flags, *size_bytes);
             out.extend_from_slice(format!(" status={status} cmd={cmd} ttl={ttl_s} clsid={class} cfd={cfd} size={size_bytes}").as_bytes());
         });
     }

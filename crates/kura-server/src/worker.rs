@@ -36,6 +36,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use kura_proto::auth::AuthStep;
 use kura_proto::{Parsed, ParserLimits, Recovery};
 use crate::socket::Stream;
 use mio::unix::SourceFd;
@@ -133,6 +134,9 @@ struct Conn {
     in_dirty: bool,
     /// An `lru_crawler metadump` being sent: nothing more is parsed until it ends.
     dump: Option<Dump>,
+    /// It may send requests: always without `-Y`, else once it sent matching credentials
+    /// (see `kura_proto::auth`).
+    authenticated: bool,
 }
 
 impl Conn {
@@ -501,6 +505,7 @@ impl Worker {
                 in_ready: false,
                 in_dirty: false,
                 dump: None,
+                authenticated: self.shared.sources.info.protocol.auth.is_none(),
             });
             self.queue_ready(index);
         }
@@ -758,9 +763,56 @@ impl Worker {
                 barrier,
                 stalled,
                 frame_hint,
+                authenticated,
                 ..
             } = conn;
             let buf = &input[*start..*end];
+            if !*authenticated {
+                let Some(auth) = &self.shared.sources.info.protocol.auth else { unreachable!("a connection waits for credentials only with -Y") };
+                match kura_proto::auth::parse_auth(buf) {
+                    AuthStep::Incomplete => {
+                        *stalled = true;
+                        break;
+                    }
+                    AuthStep::Junk => {
+                        bump(&self.stats.protocol_errors);
+                        *closing = true;
+                        break;
+                    }
+                    AuthStep::Unauthenticated { consumed_bytes } => {
+                        out.push_bytes(AuthStep::UNAUTHENTICATED);
+                        *start += consumed_bytes;
+                    }
+                    AuthStep::BadTermination { consumed_bytes } => {
+                        out.push_bytes(AuthStep::BAD_TERMINATION);
+                        *start += consumed_bytes;
+                    }
+                    AuthStep::BadFormat { consumed_bytes } => {
+                        out.push_bytes(AuthStep::BAD_FORMAT);
+                        *start += consumed_bytes;
+                    }
+                    AuthStep::TooLong { consumed_bytes, data_bytes } => {
+                        bump(&self.stats.auth_cmds);
+                        bump(&self.stats.auth_errors);
+                        out.push_bytes(AuthStep::FAILURE);
+                        *start += consumed_bytes;
+                        *swallow = data_bytes;
+                    }
+                    AuthStep::Credentials { user, password, consumed_bytes } => {
+                        bump(&self.stats.auth_cmds);
+                        if auth.users.check(user, password) {
+                            *authenticated = true;
+                            out.push_bytes(AuthStep::STORED);
+                        } else {
+                            bump(&self.stats.auth_errors);
+                            tracing::info!(fd = conn_fd, "-Y: a client's credentials did not match");
+                            out.push_bytes(AuthStep::FAILURE);
+                        }
+                        *start += consumed_bytes;
+                    }
+                }
+                continue;
+            }
             let mut wrote = false;
             let mut handover = None;
             match kura_proto::parse(buf, &limits.parser) {

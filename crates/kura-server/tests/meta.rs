@@ -232,12 +232,16 @@ fn mn_and_me() {
         line.starts_with("ME dbg exp=-10")
             && line.contains(" la=")
             && line.contains(" cas=")
-            && line.contains(" fetch=no cls=1 size="),
-        "{line:?}"
+            && line.ends_with(" fetch=no cls=1 size=63\r\n"),
+        "memcached's size and class (1.6.18: size=63): {line:?}"
     );
     c.expect("set n 0 0 1\r\nx\r\n", "STORED\r\n");
     c.send("me n\r\n");
     assert!(c.line().starts_with("ME n exp=-1 la="));
+    c.expect(format!("set big 3 0 5000\r\n{}\r\n", "y".repeat(5000)), "STORED\r\n");
+    c.send("me big\r\n");
+    let line = c.line();
+    assert!(line.ends_with(" fetch=no cls=19 size=5066\r\n"), "memcached 1.6.18 said cls=19 size=5066: {line:?}");
 }
 
 #[test]

@@ -276,16 +276,6 @@ fn shutdown_stops_the_server_only_when_enabled() {
     kura.child = None;
 }
 
-/// `stats settings` as name → value.
-fn settings(client: &mut Client) -> std::collections::HashMap<String, String> {
-    client
-        .until_end("stats settings\r\n")
-        .lines()
-        .filter_map(|l| l.strip_prefix("STAT "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
 
 #[test]
 fn memcacheds_switches_answer_as_memcached_does() {
@@ -299,7 +289,7 @@ fn memcacheds_switches_answer_as_memcached_does() {
     assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&theirs));
     assert!(ours.starts_with(b"CLIENT_ERROR flush_all not allowed\r\n"), "{}", String::from_utf8_lossy(&ours));
     let (mut ours, mut theirs) = (kura.client(), Client::connect(memcached.port));
-    let (ours, theirs) = (settings(&mut ours), settings(&mut theirs));
+    let (ours, theirs) = (ours.settings(), theirs.settings());
     for name in ["flush_enabled", "dump_enabled", "tcp_backlog", "idle_timeout", "evictions", "shutdown_command", "domain_socket", "umask"] {
         assert_eq!(ours.get(name), theirs.get(name), "stats settings {name}");
     }

@@ -258,6 +258,16 @@ impl Client {
             .collect()
     }
 
+    /// `stats settings` as name → value.
+    pub fn settings(&mut self) -> std::collections::HashMap<String, String> {
+        self.until_end("stats settings\r\n")
+            .lines()
+            .filter_map(|l| l.strip_prefix("STAT "))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
     pub fn stat(&mut self, name: &str) -> u64 {
         self.stats()
             .get(name)
