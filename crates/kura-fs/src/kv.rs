@@ -830,7 +830,15 @@ impl PoolKv {
 
     /// [`PoolKv::with_meta`] for a node named directly.
     fn with_meta_node<T>(&self, node: &NodeSpec, f: impl FnOnce(&mut SideConn) -> Result<T>) -> Result<T> {
-        let id = format!("{:?}/{}", node.backend, node.addrs[0]);
+        // Per node and credentials: another pool in this thread with other credentials (or
+        // none) for the same node gets a connection of its own.
+        let credentials = node.credentials.as_ref().map(|c| {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut hasher = std::hash::DefaultHasher::new();
+            (&c.user, &c.password).hash(&mut hasher);
+            hasher.finish()
+        });
+        let id = format!("{:?}/{}/{credentials:?}", node.backend, node.addrs[0]);
         let (value_max, spin) = (self.pool.config().value_size_max_bytes, self.pool.config().poll_spin);
         let pid = crate::process_id();
         let mut f = Some(f);
@@ -1178,10 +1186,9 @@ impl SideConn {
     /// within it, so that the pool's own connections can read it too); `spin`: how long a
     /// wait for a reply looks for it before sleeping (the pool's `poll_spin`).
     fn connect(node: &NodeSpec, value_max: usize, spin: Duration) -> Result<Self> {
-        let addr = &node.addrs[0];
         Ok(match node.backend {
-            Backend::Redis => SideConn::Redis(RespConn::connect(addr, value_max, spin)?),
-            _ => SideConn::Memcache(MetaConn::connect(addr, node.backend == Backend::Kura, spin)?),
+            Backend::Redis => SideConn::Redis(RespConn::connect(node, value_max, spin)?),
+            _ => SideConn::Memcache(MetaConn::connect(node, node.backend == Backend::Kura, spin)?),
         })
     }
 
@@ -1258,13 +1265,18 @@ impl SideConn {
     }
 }
 
-/// A blocking connection to `addr` (TCP, or a Unix socket for a path) with the metadata
-/// timeouts, high in the descriptor table, out of the host program's way (kura_pool::fd).
-fn connect_stream(addr: &str) -> Result<NodeStream> {
+/// A blocking connection to `node` (TCP, or a Unix socket for a path) with the metadata
+/// timeouts, high in the descriptor table, out of the host program's way (kura_pool::fd),
+/// authenticated when its URL gave credentials.
+fn connect_stream(node: &NodeSpec) -> Result<NodeStream> {
+    let addr = &node.addrs[0];
     let io = |e: std::io::Error| FsError::Io(format!("{addr}: {e}"));
-    let stream = NodeStream::connect(addr, Duration::from_millis(META_CONNECT_TIMEOUT_MS)).map_err(io)?;
+    let mut stream = NodeStream::connect(addr, Duration::from_millis(META_CONNECT_TIMEOUT_MS)).map_err(io)?;
     stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
     stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+    if let Some(credentials) = &node.credentials {
+        kura_pool::authenticate(&mut stream, node.backend, credentials).map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
+    }
     Ok(stream)
 }
 
@@ -1284,8 +1296,9 @@ struct MetaConn {
 impl MetaConn {
     /// `ask_changes`: the node is a kura server, whose change counter is asked for with the
     /// first request; `spin`: how long a wait for a reply looks for it before sleeping.
-    fn connect(addr: &str, ask_changes: bool, spin: Duration) -> Result<Self> {
-        let stream = connect_stream(addr)?;
+    fn connect(node: &NodeSpec, ask_changes: bool, spin: Duration) -> Result<Self> {
+        let addr = &node.addrs[0];
+        let stream = connect_stream(node)?;
         let writer = stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
         Ok(Self { reader: BufReader::new(kura_pool::fd::SpinningReader::new(stream, spin)), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None })
     }
@@ -1314,6 +1327,9 @@ impl MetaConn {
         }
         self.read_raw_line()?;
         let line = self.line.trim_end();
+        if line == "CLIENT_ERROR unauthenticated" {
+            return Err(FsError::Io(format!("{}: {line}: the node asks clients to authenticate (-Y): give the pool its USER:PASSWORD@ in the URL", self.node)));
+        }
         if line.starts_with("SERVER_ERROR") || line.starts_with("CLIENT_ERROR") || line == "ERROR" {
             return Err(if is_out_of_space(line) { FsError::NoSpace } else { FsError::Io(format!("{}: {line}", self.node)) });
         }

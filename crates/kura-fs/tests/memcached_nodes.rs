@@ -21,6 +21,10 @@ fn memcached() -> Option<(ChildGuard, u16)> {
 }
 
 fn memcached_with_mb(memory_mb: u32) -> Option<(ChildGuard, u16)> {
+    memcached_with(memory_mb, &[])
+}
+
+fn memcached_with(memory_mb: u32, extra: &[&str]) -> Option<(ChildGuard, u16)> {
     let bin = match require_cmd("memcached") {
         Ok(bin) => bin,
         Err(reason) => {
@@ -31,6 +35,7 @@ fn memcached_with_mb(memory_mb: u32) -> Option<(ChildGuard, u16)> {
     let started = spawn_listening("memcached", START_TIMEOUT, |port| {
         let mut cmd = Command::new(&bin);
         cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0", "-m", &memory_mb.to_string(), "-u", "root"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -156,4 +161,31 @@ fn statfs_reports_the_room_of_the_nodes() {
     drop(b);
     std::thread::sleep(Duration::from_millis(kura_fs::ns::STATFS_CACHE_MS + 100));
     assert!(fs.statfs().is_err(), "a node that does not answer fails statfs");
+}
+
+/// A memcached that makes clients authenticate (`-Y`): the file system's own metadata
+/// connections authenticate with the URL's credentials, as the pool's do, and a file system
+/// formats, creates and lists on it; without them, opening it fails with the reason.
+#[test]
+fn a_node_that_asks_for_credentials_gets_the_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users");
+    std::fs::write(&users, "fs:pw\n").unwrap();
+    let Some(node) = memcached_with(64, &["-Y", users.to_str().unwrap()]) else { return };
+    let open = |url: String| -> Result<Arc<Fs>, String> {
+        let pool = Pool::open(PoolConfig::from_urls(&[url]).expect("pool url")).map_err(|e| e.to_string())?;
+        let kv = Arc::new(PoolKv::new(pool).map_err(|e| e.to_string())?);
+        Fs::open(kv, FsConfig { name: "auth".into(), ..FsConfig::default() }, Owner { uid: 0, gid: 0 }).map_err(|e| e.to_string())
+    };
+    let fs = open(format!("memcached://fs:pw@127.0.0.1:{}", node.1)).expect("open with credentials");
+    fs.create(kura_fs::ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, b"", Owner { uid: 0, gid: 0 }, true).expect("create");
+    let names: Vec<_> = fs.readdir(kura_fs::ROOT_INO).expect("readdir").into_iter().map(|e| e.name).filter(|n| n != b"." && n != b"..").collect();
+    assert_eq!(names, vec![b"f".to_vec()]);
+    // In another thread too: this one's metadata connections are per node and credentials.
+    for url in [format!("memcached://127.0.0.1:{}", node.1), format!("memcached://fs:wrong@127.0.0.1:{}", node.1)] {
+        let Err(e) = open(url.clone()) else { panic!("{url}: opened without the right credentials") };
+        assert!(e.contains("authenticat"), "{e}");
+        let Err(e) = std::thread::scope(|s| s.spawn(|| open(url.clone())).join().unwrap()) else { panic!("{url}: opened without the right credentials") };
+        assert!(e.contains("authenticat"), "{e}");
+    }
 }

@@ -2,7 +2,8 @@
 //! limits every context obeys.
 //!
 //! ```text
-//! kura://host[:port][?weight=N&flush=sync|ack&max_connections=N]     a kura server (meta protocol)
+//! kura://[USER:PASSWORD@]host[:port][?weight=N&flush=sync|ack&max_connections=N]
+//!                                                                    a kura server (meta protocol)
 //! kura:///PATH[?...]                                                 one on a Unix socket (`kura serve -s PATH`)
 //! memcached://host[:port][?weight=N&max_connections=N&protocol=text] stock memcached (meta, or text if old)
 //! memcached:///PATH[?...]                                            one on a Unix socket (`memcached -s PATH`)
@@ -10,6 +11,10 @@
 //! redis+cluster://host:port[,host:port...][?replicas=N]             a Redis Cluster, from seed nodes
 //! embedded:PATH[?size=1G]                                            an in-process engine (alone)
 //! ```
+//!
+//! `USER:PASSWORD@` (percent-encoded) before a host or a socket path (`kura://u:p@/PATH`)
+//! authenticates each connection: to a kura server or memcached started with `-Y` (ASCII
+//! authentication), or with Redis' `AUTH` (`redis://:PASSWORD@host` for `requirepass`).
 //!
 //! TOML: top-level limits (`request_timeout_ms`, ...) and `nodes`, a list of URLs or of tables
 //! `{ url = "...", weight = 2 }`.
@@ -75,6 +80,49 @@ pub enum FlushMode {
     Ack,
 }
 
+/// A user and password a node's connections authenticate with (never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("user", &self.user).finish_non_exhaustive()
+    }
+}
+
+/// `%XX` sequences decoded (a URL's user and password may hold `@`, `:`, `/` so written).
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(hex.ok_or("a % in the user or password is not followed by two hex digits")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "the user or password is not UTF-8".to_owned())
+}
+
+/// `url` with the password replaced by `***` (for messages).
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    match rest.find('@').filter(|&at| !rest[..at].contains('/')) {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// One member of the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSpec {
@@ -92,6 +140,8 @@ pub struct NodeSpec {
     /// memcached protocol: use the text commands even if the server has meta commands
     /// (`protocol=text`, for proxies that pass only the text protocol).
     pub text_protocol: bool,
+    /// `USER:PASSWORD@` of the URL.
+    pub credentials: Option<Credentials>,
 }
 
 impl NodeSpec {
@@ -102,7 +152,8 @@ impl NodeSpec {
 
     /// Parses one node URL (see the module documentation).
     pub fn parse(url: &str) -> Result<Self> {
-        let bad = |why: &str| Error::Config(format!("{url:?}: {why}"));
+        let shown = redact_url(url);
+        let bad = |why: &str| Error::Config(format!("{shown:?}: {why}"));
         let (scheme, rest) = url.split_once(':').ok_or_else(|| bad("expected scheme:..., e.g. kura://host:port"))?;
         let (body, query) = match rest.split_once('?') {
             Some((b, q)) => (b, Some(q)),
@@ -125,6 +176,7 @@ impl NodeSpec {
             max_connections: None,
             size_bytes: None,
             text_protocol: false,
+            credentials: None,
         };
         if backend == Backend::Embedded {
             let path = body.strip_prefix("//").unwrap_or(body);
@@ -133,7 +185,18 @@ impl NodeSpec {
             }
             node.addrs.push(path.to_owned());
         } else {
-            let hosts = body.strip_prefix("//").ok_or_else(|| bad("expected scheme://host:port"))?;
+            let mut hosts = body.strip_prefix("//").ok_or_else(|| bad("expected scheme://host:port"))?;
+            if let Some(at) = hosts.find('@').filter(|&at| !hosts[..at].contains('/')) {
+                let (user, password) = hosts[..at].split_once(':').ok_or_else(|| bad("credentials are USER:PASSWORD@ (the user may be empty)"))?;
+                let credentials = Credentials { user: percent_decode(user).map_err(|why| bad(&why))?, password: percent_decode(password).map_err(|why| bad(&why))? };
+                if matches!(backend, Backend::Kura | Backend::Memcached)
+                    && (credentials.user.is_empty() || credentials.user.contains(char::is_whitespace) || credentials.password.contains(char::is_whitespace))
+                {
+                    return Err(bad("memcached's authentication (-Y) takes a user and a password without spaces"));
+                }
+                node.credentials = Some(credentials);
+                hosts = &hosts[at + 1..];
+            }
             if crate::stream::is_unix_addr(hosts) {
                 if !matches!(backend, Backend::Kura | Backend::Memcached) {
                     return Err(bad("a Unix socket path is for kura:// and memcached:// nodes"));
@@ -319,6 +382,7 @@ impl PoolConfig {
             max_connections: None,
             size_bytes: Some(size_bytes),
             text_protocol: false,
+            credentials: None,
         };
         Self { nodes: vec![node], ..Self::default() }
     }
@@ -346,7 +410,7 @@ impl PoolConfig {
                     ];
                     for (name, value) in options {
                         if let Some(value) = value {
-                            node.set_option(name, &value).map_err(|why| Error::Config(format!("{}: {why}", t.url)))?;
+                            node.set_option(name, &value).map_err(|why| Error::Config(format!("{}: {why}", redact_url(&t.url))))?;
                         }
                     }
                     node
@@ -439,6 +503,16 @@ mod tests {
         let n = NodeSpec::parse("kura:///run/kura/s.sock?flush=ack").unwrap();
         assert_eq!((n.addrs.as_slice(), n.flush), (&["/run/kura/s.sock".to_owned()][..], FlushMode::Ack));
         assert_eq!(NodeSpec::parse("memcached:///tmp/mc.sock").unwrap().addrs, ["/tmp/mc.sock"]);
+        let n = NodeSpec::parse("kura://alice:p%40ss%3Aw%2Fd@h:5?weight=2").unwrap();
+        assert_eq!((n.addrs.as_slice(), n.weight), (&["h:5".to_owned()][..], 2));
+        assert_eq!(n.credentials, Some(Credentials { user: "alice".into(), password: "p@ss:w/d".into() }));
+        assert!(!format!("{n:?}").contains("p@ss"), "never the password");
+        let n = NodeSpec::parse("memcached://bob:pw@/run/mc.sock").unwrap();
+        assert_eq!((n.addrs.as_slice(), n.credentials.unwrap().user.as_str()), (&["/run/mc.sock".to_owned()][..], "bob"));
+        let n = NodeSpec::parse("redis://:secret@h").unwrap();
+        assert_eq!(n.credentials, Some(Credentials { user: String::new(), password: "secret".into() }));
+        assert_eq!(redact_url("redis://u:secret@h:1?x=y"), "redis://u:***@h:1?x=y");
+        assert_eq!(redact_url("kura:///run/a@b.sock"), "kura:///run/a@b.sock");
         assert!(NodeSpec::parse("redis:///tmp/r.sock").unwrap_err().to_string().contains("Unix socket"));
     }
 
@@ -449,6 +523,10 @@ mod tests {
             ("ftp://x", "unknown scheme"),
             ("kura:x", "host:port"),
             ("kura://a:1,b:2", "several hosts"),
+            ("kura://nopassword@h", "USER:PASSWORD@"),
+            ("kura://:pw@h", "without spaces"),
+            ("memcached://a b:pw@h", "without spaces"),
+            ("kura://u:%zz@h", "two hex digits"),
             ("kura://h:99999", "bad port"),
             ("kura://h?weight=0", "weight"),
             ("kura://h?weight=x", "not a number"),

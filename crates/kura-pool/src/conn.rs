@@ -6,7 +6,7 @@ use std::io::{self, Read, Write};
 use crate::stream::NodeStream;
 use std::time::{Duration, Instant};
 
-use crate::config::Backend;
+use crate::config::{Backend, Credentials};
 use crate::instance::Instance;
 use crate::proto::memcache::{self, Dialect};
 use crate::proto::resp::{self, Resp};
@@ -281,13 +281,16 @@ pub(crate) type Handshake = (Wire, Option<Instance>);
 
 /// Opens a connection and learns how to talk to the node and which instance of it answers
 /// (blocking, bounded by `timeout`; one round trip).
-pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, timeout: Duration) -> Result<(NodeStream, Handshake), String> {
+pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, credentials: Option<&Credentials>, timeout: Duration) -> Result<(NodeStream, Handshake), String> {
     let mut stream = NodeStream::connect(addr, timeout).map_err(|e| format!("connect: {e}"))?;
     let setup = (|| {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))
     })();
     setup.map_err(|e| format!("socket setup: {e}"))?;
+    if let Some(credentials) = credentials {
+        authenticate(&mut stream, backend, credentials)?;
+    }
     let handshake = handshake(&mut stream, addr, backend, text_only)?;
     stream.set_read_timeout(None).and_then(|()| stream.set_write_timeout(None)).map_err(|e| e.to_string())?;
     Ok((stream, handshake))
@@ -299,12 +302,73 @@ pub(crate) const INBUF_START_BYTES: usize = 16 << 10;
 /// Longest `INFO server` reply accepted (Redis' is about 1.5 KiB).
 const INFO_REPLY_BYTES_MAX: usize = 64 << 10;
 
+/// memcached's answer to a request before `-Y` authentication.
+const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+
+/// Authenticates a new connection (blocking, bounded by the stream's timeouts): Redis' `AUTH
+/// [user] password`; for a kura
+/// server or memcached, the `set` of `-Y` authentication, sent only once a probe (`mn`) was
+/// answered "unauthenticated", so that a server without `-Y` does not store the password as
+/// an item.
+pub fn authenticate(stream: &mut NodeStream, backend: Backend, credentials: &Credentials) -> Result<(), String> {
+    match backend {
+        Backend::Redis | Backend::RedisCluster => {
+            let mut request = Vec::new();
+            let user = credentials.user.as_bytes();
+            let words: Vec<&[u8]> = if user.is_empty() { vec![b"AUTH", credentials.password.as_bytes()] } else { vec![b"AUTH", user, credentials.password.as_bytes()] };
+            resp::encode_command(&mut request, &words);
+            match exchange_resp(stream, &request)?.as_slice() {
+                b"+OK\r\n" => Ok(()),
+                other => Err(format!("authentication refused: {}", String::from_utf8_lossy(other).trim_end())),
+            }
+        }
+        Backend::Kura | Backend::Memcached => {
+            stream.write_all(b"mn\r\n").map_err(|e| format!("authentication: {e}"))?;
+            let probe = read_line(stream)?;
+            if probe != UNAUTHENTICATED {
+                tracing::debug!(reply = %String::from_utf8_lossy(&probe).trim_end(), "credentials given, but the node does not ask for them");
+                return Ok(());
+            }
+            let data = format!("{} {}", credentials.user, credentials.password);
+            let request = format!("set auth 0 0 {}\r\n{data}\r\n", data.len());
+            stream.write_all(request.as_bytes()).map_err(|e| format!("authentication: {e}"))?;
+            match read_line(stream)?.as_slice() {
+                b"STORED\r\n" => Ok(()),
+                other => Err(format!("authentication refused: {}", String::from_utf8_lossy(other).trim_end())),
+            }
+        }
+        Backend::Embedded => Ok(()),
+    }
+}
+
+/// One reply line (blocking; the handshake's reads are bounded by the connect timeout).
+fn read_line(stream: &mut NodeStream) -> Result<Vec<u8>, String> {
+    const LINE_MAX: usize = 4 << 10;
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\n") {
+        let n = stream.read(&mut byte).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no answer to the authentication in time".to_owned(),
+            _ => format!("authentication: {e}"),
+        })?;
+        if n == 0 {
+            return Err("the node closed the connection during the authentication".into());
+        }
+        line.push(byte[0]);
+        if line.len() > LINE_MAX {
+            return Err("authentication reply too long".into());
+        }
+    }
+    Ok(line)
+}
+
 fn handshake(stream: &mut NodeStream, addr: &str, backend: Backend, text_only: bool) -> Result<Handshake, String> {
     match backend {
         Backend::RedisCluster => {
             let reply = exchange_resp(stream, b"*1\r\n$4\r\nPING\r\n")?;
             match reply.as_slice() {
                 b"+PONG\r\n" => Ok((Wire::Resp, None)),
+                other if other.starts_with(b"-NOAUTH") => Err(format!("{}: give the pool the password in the URL (redis+cluster://:PASSWORD@host:port)", String::from_utf8_lossy(&other[1..]).trim_end())),
                 other => Err(format!("PING answered {:?}", String::from_utf8_lossy(other))),
             }
         }
@@ -314,8 +378,13 @@ fn handshake(stream: &mut NodeStream, addr: &str, backend: Backend, text_only: b
             loop {
                 read_more(stream, &mut buf)?;
                 let Some((pong, used)) = resp::parse_reply(&buf, INFO_REPLY_BYTES_MAX)? else { continue };
-                if pong != Resp::Simple(b"PONG") {
-                    return Err(format!("PING answered {pong:?}"));
+                match pong {
+                    Resp::Simple(b"PONG") => {}
+                    Resp::Error(text) if text.starts_with(b"NOAUTH") => {
+                        return Err(format!("{}: give the pool the password in the URL (redis://:PASSWORD@host or redis://USER:PASSWORD@host)", String::from_utf8_lossy(text)));
+                    }
+                    Resp::Error(text) => return Err(format!("PING answered -{}", String::from_utf8_lossy(text))),
+                    other => return Err(format!("PING answered {other:?}")),
                 }
                 let Some((info, _)) = resp::parse_reply(&buf[used..], INFO_REPLY_BYTES_MAX)? else { continue };
                 let instance = match info {
@@ -333,6 +402,9 @@ fn handshake(stream: &mut NodeStream, addr: &str, backend: Backend, text_only: b
             let mut buf = Vec::new();
             let (version, dialect, instance) = loop {
                 read_more(stream, &mut buf)?;
+                if buf.starts_with(UNAUTHENTICATED) {
+                    return Err("the node asks clients to authenticate (-Y): give the pool its USER:PASSWORD@ in the URL".into());
+                }
                 if let Some(learnt) = memcache_handshake(&buf, text_only).map_err(|e| format!("handshake: {e}"))? {
                     break learnt;
                 }
@@ -396,8 +468,8 @@ pub(crate) fn exchange_resp(stream: &mut NodeStream, request: &[u8]) -> Result<V
 }
 
 /// `CLUSTER SLOTS` from one node (blocking).
-pub(crate) fn cluster_slots(addr: &str, timeout: Duration) -> Result<Vec<crate::cluster::SlotRange>, String> {
-    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, timeout)?;
+pub(crate) fn cluster_slots(addr: &str, credentials: Option<&Credentials>, timeout: Duration) -> Result<Vec<crate::cluster::SlotRange>, String> {
+    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, credentials, timeout)?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let bytes = exchange_resp(&mut stream, b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n")?;
     let (reply, _) = resp::parse_reply(&bytes, 1 << 20)?.ok_or("incomplete CLUSTER SLOTS reply")?;

@@ -298,7 +298,7 @@ impl NetContext {
             self.shared.reserve_connection(&conn.addr, spec.max_connections.unwrap_or(config.connections_per_node_max))?;
             conn.reserved = true;
         }
-        match conn::connect(&conn.addr, conn.backend, spec.text_protocol, config.connect_timeout) {
+        match conn::connect(&conn.addr, conn.backend, spec.text_protocol, spec.credentials.as_ref(), config.connect_timeout) {
             Ok((stream, (wire, instance))) => {
                 stream.set_nonblocking(true)?;
                 self.poll.register(stream.as_raw_fd(), ci as u64, true, true)?;
@@ -743,7 +743,7 @@ impl NetContext {
             if self.by_addr.get(addr).is_some_and(|&ci| self.conns[ci].down_until.is_some_and(|t| now < t)) {
                 continue;
             }
-            match conn::cluster_slots(addr, timeout) {
+            match conn::cluster_slots(addr, self.spec(member).credentials.as_ref(), timeout) {
                 Ok(r) if !r.is_empty() => {
                     ranges = Some(r);
                     break;

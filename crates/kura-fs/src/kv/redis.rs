@@ -23,6 +23,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use kura_pool::NodeSpec;
 use kura_pool::stream::NodeStream;
 use std::time::{Duration, Instant};
 
@@ -135,8 +136,9 @@ impl RespConn {
 
     /// `value_max`: the pool's value limit; `spin`: how long a wait for a reply looks for it
     /// before sleeping.
-    pub(crate) fn connect(addr: &str, value_max: usize, spin: Duration) -> Result<Self> {
-        let stream = connect_stream(addr)?;
+    pub(crate) fn connect(node: &NodeSpec, value_max: usize, spin: Duration) -> Result<Self> {
+        let addr = &node.addrs[0];
+        let stream = connect_stream(node)?;
         let read_max = value_max.max(META_VALUE_BYTES_MAX + VERSION_BYTES);
         Ok(Self { stream, input: Vec::new(), out: Vec::new(), node: addr.to_owned(), script: Script::Unknown, write_max: value_max, read_max, spin })
     }

@@ -123,8 +123,18 @@ pub struct Memcached {
 
 impl Memcached {
     pub fn start() -> Result<Self, String> {
+        Self::start_with(&[])
+    }
+
+    /// With more memcached flags (not kept for [`Memcached::restart`]).
+    pub fn start_with(extra: &[&str]) -> Result<Self, String> {
         let bin = require_cmd("memcached")?;
-        let (child, port) = spawn_listening("memcached", START_TIMEOUT, |port| Self::command(&bin, port)).map_err(|e| e.to_string())?;
+        let (child, port) = spawn_listening("memcached", START_TIMEOUT, |port| {
+            let mut cmd = Self::command(&bin, port);
+            cmd.args(extra);
+            cmd
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Self { port, child: Some(child), bin })
     }
 
