@@ -52,7 +52,9 @@ pub struct BlockBenchArgs {
     #[arg(long, default_value_t = 2.0)]
     runtime_s: f64,
     /// Pool backends, of embedded (the engine in the frontend's process, a store file in
-    /// --dir) and kura (`kura serve` started here on a free port, its store in --dir).
+    /// --dir), kura (`kura serve` started here on a free port, its store in --dir) and
+    /// kura_unix (the same server on a Unix socket in --dir, `kura serve -s`, as `kura fs run`
+    /// starts its local one).
     #[arg(long, value_delimiter = ',', default_value = "embedded,kura")]
     backends: Vec<String>,
     /// Frontends, of nbd, fuse_loop and ublk (ublk is reported absent, with the reason,
@@ -95,7 +97,7 @@ pub struct BlockBenchArgs {
     plot: Option<PathBuf>,
 }
 
-const BACKENDS: [&str; 2] = ["embedded", "kura"];
+const BACKENDS: [&str; 3] = ["embedded", "kura", "kura_unix"];
 const FRONTENDS: [&str; 3] = ["nbd", "fuse_loop", "ublk"];
 const FILESYSTEMS: [&str; 2] = ["xfs", "ext4"];
 const BLOCK_SIZE_BYTES: u64 = 4096;
@@ -316,12 +318,21 @@ fn start_backend(name: &str, args: &BlockBenchArgs, dir: &Path) -> anyhow::Resul
     if name == "embedded" {
         return Ok((format!("embedded:{}?size={size_mb}M", store.display()), None));
     }
-    let port = free_tcp_port()?;
     let mut cmd = kura_cmd()?;
-    cmd.args(["serve", "-l", "127.0.0.1", "-p", &port.to_string(), "--mode", "store", "--size", &format!("{size_mb}M")])
+    cmd.args(["serve", "--mode", "store", "--size", &format!("{size_mb}M")])
         .args(["-t", &args.server_threads.to_string(), "-m", &args.server_memory_mb.to_string(), "--path"])
         .arg(&store)
         .stdout(Stdio::null());
+    if name == "kura_unix" {
+        let socket = std::path::absolute(dir.join(format!("{name}.sock")))?;
+        let _ = std::fs::remove_file(&socket);
+        cmd.arg("-s").arg(&socket);
+        let mut server = Proc::spawn("kura serve", &mut cmd)?;
+        wait_until("kura serve", &mut server, || UnixStream::connect(&socket).is_ok())?;
+        return Ok((format!("kura://{}", socket.display()), Some(server)));
+    }
+    let port = free_tcp_port()?;
+    cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()]);
     let mut server = Proc::spawn("kura serve", &mut cmd)?;
     wait_until("kura serve", &mut server, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())?;
     Ok((format!("kura://127.0.0.1:{port}"), Some(server)))

@@ -23,17 +23,20 @@ fn check_target(report: &Value, what: &str) {
     }
 }
 
-#[test]
-fn bench_block_prints_every_field() {
+/// `kura bench block` with tiny settings and `args`, in a directory of its own (returned, to
+/// look in); `None` (skipped) without fio.
+fn bench(args: &[&str]) -> Option<(Value, tempfile::TempDir)> {
     if !installed("fio") {
         eprintln!("SKIP: fio is not installed (./scripts/test.sh installs it)");
-        return;
+        return None;
     }
     // O_DIRECT and qemu-nbd --cache=none need a disk file system, not tmpfs.
     std::fs::create_dir_all("/var/tmp/kura-cli-tests").unwrap();
     let dir = tempfile::tempdir_in("/var/tmp/kura-cli-tests").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(["bench", "block", "--size", "16M", "--runtime-s", "0.3", "--backends", "embedded", "--frontends", "nbd,fuse_loop,ublk", "--filesystems", "ext4", "--dir"])
+        .args(["bench", "block", "--size", "16M", "--runtime-s", "0.3"])
+        .args(args)
+        .arg("--dir")
         .arg(dir.path())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -43,6 +46,12 @@ fn bench_block_prints_every_field() {
     assert!(out.status.success(), "kura bench block failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"));
     assert_eq!(report["bench"], "block");
+    Some((report, dir))
+}
+
+#[test]
+fn bench_block_prints_every_field() {
+    let Some((report, _dir)) = bench(&["--backends", "embedded", "--frontends", "nbd,fuse_loop,ublk", "--filesystems", "ext4"]) else { return };
     let embedded = &report["backends"]["embedded"];
     for anchor in ["pool_get_4k_ops_per_s", "pool_get_4k_lat_us"] {
         assert!(embedded[anchor].as_f64().is_some_and(|v| v > 0.0), "{anchor}: {embedded}");
@@ -61,4 +70,15 @@ fn bench_block_prints_every_field() {
     for goal in ["nbd_randread_over_pool_get", "nbd_randread_over_qemu_nbd", "nbd_qd1_read_lat_minus_pool_us", "nbd_seqread_over_pool_get_bandwidth", "fuse_loop_randread_over_nbd"] {
         assert!(embedded["goals"][goal].get("met").is_some(), "goal {goal}: {}", embedded["goals"]);
     }
+}
+
+/// The kura server backend on a Unix socket (`--backends kura_unix`): NBD over a pool of one
+/// `kura serve -s`, with its pool anchor.
+#[test]
+fn bench_block_on_a_kura_server_on_a_unix_socket() {
+    let Some((report, dir)) = bench(&["--backends", "kura_unix", "--frontends", "nbd", "--filesystems", "", "--skip-qemu"]) else { return };
+    let backend = &report["backends"]["kura_unix"];
+    assert!(backend["pool_get_4k_ops_per_s"].as_f64().is_some_and(|v| v > 0.0), "{backend}");
+    check_target(&backend["nbd"], "nbd");
+    assert!(!dir.path().join("kura_unix.sock").exists(), "the server removed its socket at its stop");
 }

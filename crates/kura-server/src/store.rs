@@ -680,15 +680,19 @@ impl Store {
             };
         };
         let old_cas = old.cas();
-        let cas_matches = req.compare_cas == 0 || req.compare_cas == old_cas;
+        // With `-C`, memcached keeps no CAS on the request's new item, which is what it
+        // compares: a `cas` finds nothing to match (EXISTS), and an append or prepend
+        // compares nothing.
+        let compare_cas = if self.cas_enabled { req.compare_cas } else { 0 };
+        let cas_matches = compare_cas == 0 || compare_cas == old_cas;
         match req.mode {
             StoreMode::Add => Ok(StoreOutcome::NotStored),
             StoreMode::Set | StoreMode::Replace => self.store_new(req, req.exptime_s),
-            StoreMode::Cas if req.compare_cas != 0 && req.compare_cas == old_cas => {
+            StoreMode::Cas if compare_cas != 0 && compare_cas == old_cas => {
                 self.store_new(req, req.exptime_s)
             }
             StoreMode::Cas
-                if req.invalidate && req.compare_cas != 0 && req.compare_cas < old_cas =>
+                if req.invalidate && compare_cas != 0 && compare_cas < old_cas =>
             {
                 // A late write from an older CAS: stored, but stale, keeping the TTL and win state.
                 let meta = ItemMeta {

@@ -99,6 +99,8 @@ impl Command {
 struct Generator {
     rng: StdRng,
     prefix: String,
+    /// Whether sequences send `flush_all` (see [`random_sequences_with_cas_off_answer_like_memcached`]).
+    flush_all: bool,
 }
 
 impl Generator {
@@ -153,7 +155,7 @@ impl Generator {
             64..=75 => self.meta_set(),
             76..=80 => self.meta_delete(),
             81..=88 => self.meta_arithmetic(),
-            89 => Command::plain(format!("flush_all{}\r\n", self.noreply())),
+            89 if self.flush_all => Command::plain(format!("flush_all{}\r\n", self.noreply())),
             _ => self.malformed(),
         }
     }
@@ -502,10 +504,11 @@ fn numeric_flag(token: &str, flag: char) -> Option<u64> {
 }
 
 /// Runs sequence `seed` on both servers; the first difference is the error.
-fn run_sequence(seed: u64, kura_port: u16, memcached_port: u16) -> Result<(), String> {
+fn run_sequence(seed: u64, kura_port: u16, memcached_port: u16, flush_all: bool) -> Result<(), String> {
     let mut generator = Generator {
         rng: StdRng::seed_from_u64(seed),
         prefix: format!("s{seed}_"),
+        flush_all,
     };
     let mut ours = Side::connect("kura", kura_port);
     let mut theirs = Side::connect("memcached", memcached_port);
@@ -547,26 +550,43 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[test]
 fn random_sequences_answer_like_memcached() {
+    run_sequences(&[], SEQUENCES, true);
+}
+
+/// The same with CAS off on both (`-C`): every CAS value 0, `cas` never storing, `E` refused.
+/// Without `flush_all`: memcached -C's flushes every item stored up to the end of the second
+/// it ran in, so an item stored right after it is gone too (it tells items before the flush
+/// from those after by their CAS values, which -C drops); kura's keeps what is stored after
+/// it, as with CAS on.
+#[test]
+fn random_sequences_with_cas_off_answer_like_memcached() {
+    run_sequences(&["-C"], SEQUENCES_CAS_OFF, false);
+}
+
+/// Sequences with CAS off (fewer: most commands run as with CAS on).
+const SEQUENCES_CAS_OFF: u64 = 100;
+
+/// Both servers started with `flags` too.
+fn run_sequences(flags: &[&str], sequences: u64, flush_all: bool) {
     // Without the LRU crawler and maintainer nothing else holds a reference to
     // an item, so memcached's `incr`/`decr` always rewrites a number that still
     // fits in place (space-padded, as kura does) instead of sometimes making a
     // new item.
-    let memcached = kura_testkit::try_or_skip!(Memcached::start(&[
-        "-o",
-        "no_lru_crawler,no_lru_maintainer"
-    ]));
-    let kura = Kura::start(&[]);
+    let mut memcached_flags = vec!["-o", "no_lru_crawler,no_lru_maintainer"];
+    memcached_flags.extend_from_slice(flags);
+    let memcached = kura_testkit::try_or_skip!(Memcached::start(&memcached_flags));
+    let kura = Kura::start(flags);
     let seeds: Vec<u64> = match env_u64("KURA_DIFF_SEED") {
         Some(seed) => vec![seed],
         None => {
             let first = env_u64("KURA_DIFF_FIRST_SEED").unwrap_or(0);
-            (first..first + env_u64("KURA_DIFF_SEQUENCES").unwrap_or(SEQUENCES)).collect()
+            (first..first + env_u64("KURA_DIFF_SEQUENCES").unwrap_or(sequences)).collect()
         }
     };
     let report_all = std::env::var_os("KURA_DIFF_ALL").is_some();
     let mut failures = Vec::new();
     for seed in seeds {
-        if let Err(failure) = run_sequence(seed, kura.port, memcached.port) {
+        if let Err(failure) = run_sequence(seed, kura.port, memcached.port, flush_all) {
             if !report_all {
                 panic!("kura differs from memcached:\n{failure}");
             }
