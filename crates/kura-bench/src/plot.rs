@@ -125,6 +125,14 @@ fn axis_range(
 
 /// Draws `series` (name, points) as lines with point markers into a PNG at `path`, with a
 /// legend; `log_x`/`log_y` make that axis logarithmic (then all its values must be > 0).
+/// Makes the directory a plot goes in (a bench's default path may be in one not made yet).
+fn make_parent(path: &Path) -> Result<(), PlotError> {
+    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => std::fs::create_dir_all(dir).map_err(|e| PlotError::Draw { path: path.display().to_string(), reason: format!("cannot create {}: {e}", dir.display()) }),
+        None => Ok(()),
+    }
+}
+
 pub fn line_plot<S: AsRef<str>>(
     path: &Path,
     title: &str,
@@ -135,6 +143,7 @@ pub fn line_plot<S: AsRef<str>>(
     log_y: bool,
 ) -> Result<(), PlotError> {
     ensure_fonts()?;
+    make_parent(path)?;
     if series.iter().all(|(_, points)| points.is_empty()) {
         return Err(PlotError::NoData("every series is empty"));
     }
@@ -241,6 +250,7 @@ pub fn bar_plot(
     bars: &[(String, f64)],
 ) -> Result<(), PlotError> {
     ensure_fonts()?;
+    make_parent(path)?;
     if bars.is_empty() {
         return Err(PlotError::NoData("no bars"));
     }

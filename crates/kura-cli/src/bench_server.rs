@@ -66,9 +66,9 @@ pub struct ServerBenchArgs {
         default_value = "kura,memcached,memcached_extstore"
     )]
     systems: Vec<String>,
-    /// Draw the QPS-vs-latency curves here.
-    #[arg(long, default_value = "kura-data/bench-server/server-latency.png")]
-    plot: PathBuf,
+    /// Draw the QPS-vs-latency curves here (default: server-latency.png in --dir).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Also write the JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -136,8 +136,9 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(args.dir.join("kura.kura"));
         let _ = std::fs::remove_file(args.dir.join("extstore.data"));
     }
+    let plot_path = args.plot.clone().unwrap_or_else(|| args.dir.join("server-latency.png"));
     let plotted = kura_bench::plot::line_plot(
-        &args.plot,
+        &plot_path,
         &format!(
             "GET p99 latency vs throughput, {} B values, {items} items",
             args.value_size
@@ -160,7 +161,7 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         },
         "systems": Value::Object(results.clone()),
         "ratios": ratios(&results),
-        "plot": plotted.is_ok().then(|| args.plot.display().to_string()),
+        "plot": plotted.is_ok().then(|| plot_path.display().to_string()),
     });
     kura_bench::json::emit(&report, args.json.as_deref())?;
     Ok(())

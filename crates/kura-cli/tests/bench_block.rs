@@ -1,6 +1,8 @@
 //! `kura bench block` end to end with tiny settings: it runs every frontend this host has, and
 //! prints one JSON object with every figure and anchor.
 
+mod common;
+
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -23,30 +25,15 @@ fn check_target(report: &Value, what: &str) {
     }
 }
 
-/// `kura bench block` with tiny settings and `args`, in a directory of its own (returned, to
-/// look in); `None` (skipped) without fio.
+/// `kura bench block` with tiny settings and `args`; `None` (skipped) without fio.
 fn bench(args: &[&str]) -> Option<(Value, tempfile::TempDir)> {
     if !installed("fio") {
         eprintln!("SKIP: fio is not installed (./scripts/test.sh installs it)");
         return None;
     }
-    // O_DIRECT and qemu-nbd --cache=none need a disk file system, not tmpfs.
-    std::fs::create_dir_all("/var/tmp/kura-cli-tests").unwrap();
-    let dir = tempfile::tempdir_in("/var/tmp/kura-cli-tests").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(["bench", "block", "--size", "16M", "--runtime-s", "0.3"])
-        .args(args)
-        .arg("--dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "kura bench block failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"));
-    assert_eq!(report["bench"], "block");
-    Some((report, dir))
+    let mut all = vec!["--size", "16M", "--runtime-s", "0.3"];
+    all.extend_from_slice(args);
+    Some(common::bench("block", &all))
 }
 
 #[test]

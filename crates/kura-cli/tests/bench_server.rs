@@ -1,0 +1,29 @@
+//! `kura bench server` end to end with tiny settings: one JSON object with each system's
+//! figures and their ratios, and the latency plot, by default in `--dir`.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+#[test]
+fn bench_server_prints_every_field_and_draws_its_plot() {
+    let with_memcached = Command::new("memcached").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let systems = if with_memcached { "kura,memcached" } else { "kura" };
+    if !with_memcached {
+        eprintln!("SKIP (in part): memcached is not installed; kura alone");
+    }
+    let (report, dir) = common::bench("server", &["--value-size", "512", "--items", "2000", "--duration-s", "1", "--sweep", "0.5", "--connections", "2", "--systems", systems]);
+    for system in systems.split(',') {
+        let s = &report["systems"][system];
+        for field in ["get_ops_per_s", "get_p50_us", "get_p99_us", "set_ops_per_s", "rss_bytes_per_item"] {
+            assert!(s[field].as_f64().is_some_and(|v| v > 0.0), "{system}.{field}: {s}");
+        }
+        assert!(s["curve"].as_array().is_some_and(|c| !c.is_empty()), "{system}: {s}");
+    }
+    if with_memcached {
+        assert!(report["ratios"]["kura_get_over_memcached"].as_f64().is_some_and(|v| v > 0.0), "{}", report["ratios"]);
+    }
+    let plot = dir.path().join("server-latency.png");
+    assert_eq!(report["plot"].as_str(), Some(plot.to_str().unwrap()), "{report}");
+    assert!(std::fs::metadata(&plot).is_ok_and(|m| m.len() > 1000), "no plot at {}", plot.display());
+}
