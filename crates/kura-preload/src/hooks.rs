@@ -586,17 +586,52 @@ fn kura_open_once(state: &State, fs: &Arc<Fs>, start: u64, rel: &[u8], abs: &[u8
                 inode
             }
         }
-        Resolved::Found { .. } => {
+        Resolved::Found { parent, .. } => {
             if creat && excl {
                 return Err(libc::EEXIST);
             }
-            match open_existing(fs, found.ok_or(libc::ENOENT)?, flags)? {
+            let found = found.ok_or(libc::ENOENT)?;
+            if creat && found.mode & libc::S_IFMT != libc::S_IFDIR {
+                check_create_in_sticky(fs, parent, &found)?;
+            }
+            match open_existing(fs, found, flags)? {
                 Ok(inode) => inode,
                 Err(fifo) => return Ok(fifo),
             }
         }
     };
     install_open(state, fs, inode, made, flags, physical.as_deref().unwrap_or(abs))
+}
+
+/// `open(O_CREAT)` of an existing file (not a directory: EISDIR comes first) in directory
+/// `parent`, as Linux's `may_create_in_sticky`: in a sticky directory, a file that neither the
+/// directory's owner nor the caller owns is EACCES when the directory is world-writable (or
+/// group-writable, at level 2) — regular files and FIFOs only as `fs.protected_regular` and
+/// `fs.protected_fifos` say, every other kind (a link opened `O_NOFOLLOW`) always. Before
+/// the checks of the file itself (ELOOP for a link).
+fn check_create_in_sticky(fs: &Fs, parent: u64, inode: &Inode) -> Result<(), i32> {
+    // The caller's own file, the common case (`>` onto a file): nothing more to read.
+    // SAFETY: geteuid cannot fail.
+    if inode.uid == unsafe { libc::geteuid() } {
+        return Ok(());
+    }
+    let protected = |name: &str| std::fs::read_to_string(format!("/proc/sys/fs/{name}")).ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(0);
+    let level = match inode.mode & libc::S_IFMT {
+        libc::S_IFREG => Some(protected("protected_regular")),
+        libc::S_IFIFO => Some(protected("protected_fifos")),
+        _ => None,
+    };
+    if level == Some(0) {
+        return Ok(());
+    }
+    let dir = fs.getattr(parent).map_err(fs_errno)?;
+    if dir.mode & libc::S_ISVTX == 0 || inode.uid == dir.uid {
+        return Ok(());
+    }
+    if dir.mode & 0o002 != 0 || (dir.mode & 0o020 != 0 && level.is_some_and(|l| l >= 2)) {
+        return Err(libc::EACCES);
+    }
+    Ok(())
 }
 
 /// The checks and the truncation of an `open` of an existing file (`inode`), as Linux makes

@@ -252,7 +252,7 @@ fn divergences_found_so_far_match_the_kernel() {
     let (host_env, preload_env, fuse_env) = (Env::new(), Env::new(), Env::new());
     let cases = |root: &Path| python("regressions.py", root, &[]);
     let want = on_host(&host_env, cases);
-    assert_eq!(want.lines().count(), 18, "{want}");
+    assert_eq!(want.lines().count(), 19, "{want}");
     compare(
         "the preload",
         &want,

@@ -20,6 +20,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -47,8 +48,16 @@ static char *stream_bufs[STREAMS_MAX];
 /* glibc frees a pointer into the FILE itself, or the caller's buffer, when a stream without a
  * buffer or with the caller's that had a character pushed back seeks or closes (it swaps the
  * buffer with its backup area), and on a stream it last wrote: ungetc only on a stream just read
- * that has a buffer of its own. */
+ * that has a buffer of its own. Nor on a stream not open for reading (a failed fread counts as
+ * a read): its fflush then seeks by the distance between two of glibc's heap blocks, which
+ * depends on the heap's layout (seed 7507 of 7500+100: EINVAL or a seek far ahead, and a
+ * "double free or corruption" abort later, on the host itself). */
 static int unbuffered[STREAMS_MAX];
+/* C promises one character of pushback; glibc takes more into a backup area, and a getline
+ * over two of them then a close of the stream freed that area twice (seed 8627 of 8600+100,
+ * "double free or corruption" on the host itself). A stream gets one ungetc until it is
+ * positioned again, reopened or closed. */
+static int pushed_back[STREAMS_MAX];
 /* C wants a seek (or fflush after writing) between reading and writing an update stream;
  * glibc corrupts its buffers without one. The last direction of each stream's I/O: */
 enum direction { IDLE, READING, WRITING };
@@ -145,6 +154,7 @@ static void close_stream(int s) {
     free(stream_bufs[s]);
     stream_bufs[s] = NULL;
     unbuffered[s] = 0;
+    pushed_back[s] = 0;
     last_dir[s] = IDLE;
 }
 
@@ -223,6 +233,7 @@ static void op_freopen(int s) {
         unbuffered[s] = 0;
     } else {
         last_dir[s] = IDLE;
+        pushed_back[s] = 0;
         out(" ok");
     }
 }
@@ -309,8 +320,8 @@ static void op_lines(FILE *f, int kind) {
     failure(f, failed);
 }
 
-/* kind 0, 2 read; 1 writes. */
-static void op_chars(FILE *f, int kind) {
+/* kind 0, 2 read; 1 writes. Returns what the call returned. */
+static int op_chars(FILE *f, int kind) {
     int r;
     errno = 0;
     switch (kind) {
@@ -324,6 +335,7 @@ static void op_chars(FILE *f, int kind) {
     }
     status(f);
     failure(f, r == EOF);
+    return r;
 }
 
 /* Whether the stream was positioned (ftell does not count). */
@@ -345,14 +357,22 @@ static int op_seek(FILE *f) {
     return kind < 3 && r == 0;
 }
 
-static void op_flush_state(FILE *f) {
+/* Whether it flushed the stream (so that it may read after writing). */
+static int op_flush_state(FILE *f) {
     errno = 0;
+    int flushed = 0;
     switch (rnd(3)) {
-    case 0: RES("fflush", fflush(f)); break;
+    case 0: {
+        int r;
+        RES("fflush", r = fflush(f));
+        flushed = r == 0;
+        break;
+    }
     case 1: clearerr(f); out("clearerr"); break;
     default: out("state"); break;
     }
     status(f);
+    return flushed;
 }
 
 /* The stream's descriptor used directly, between stdio calls on it. */
@@ -380,14 +400,31 @@ static void op_fileno_io(FILE *f) {
     RES("pos", lseek(fd, 0, SEEK_CUR));
 }
 
-/* Seeks to where the stream is when I/O changes direction. */
-static void turn(int s, enum direction d) {
+/* Seeks to where the stream is when I/O changes direction. Whether the I/O may go on: a stream
+ * whose seek failed (its position is below 0) has its buffers in no state to turn, and glibc
+ * corrupts its heap if it does (seed 2649, a crash in fgets on the host itself). */
+static int turn(int s, enum direction d) {
     if (last_dir[s] != IDLE && last_dir[s] != d) {
         errno = 0;
         int r = fseek(streams[s], 0, SEEK_CUR);
         out("~%d%s ", r, r ? ename(errno) : "");
+        if (r) {
+            out("not turned");
+            return 0;
+        }
     }
     last_dir[s] = d;
+    return 1;
+}
+
+/* A read of a stream not open for reading fails (EBADF), which is worth comparing; but on a
+ * stream without a buffer of its own glibc then corrupts its heap (seed 8987: an fgets of an
+ * unbuffered write-only stream, then a rewind freed a pointer glibc never allocated, on the
+ * host itself). Such a stream is not read. */
+static int may_read(int s) {
+    if (__freadable(streams[s]) || !unbuffered[s]) return 1;
+    out("not read");
+    return 0;
 }
 
 static void op_stream(void) {
@@ -397,12 +434,25 @@ static void op_stream(void) {
     out("[%d] ", s);
     int kind;
     switch (rnd(12)) {
-    case 0: case 1: turn(s, READING); op_fread(f); break;
-    case 2: case 3: turn(s, WRITING); op_fwrite(f); break;
-    case 4: case 5: kind = rnd(5); turn(s, kind == 2 || kind == 3 ? WRITING : READING); op_lines(f, kind); break;
-    case 6: kind = rnd(unbuffered[s] || last_dir[s] != READING ? 2 : 3); turn(s, kind == 1 ? WRITING : READING); op_chars(f, kind); break;
-    case 7: case 8: if (op_seek(f)) last_dir[s] = IDLE; break;
-    case 9: op_flush_state(f); if (last_dir[s] == WRITING) last_dir[s] = IDLE; break;
+    case 0: case 1: if (may_read(s) && turn(s, READING)) op_fread(f); break;
+    case 2: case 3: if (turn(s, WRITING)) op_fwrite(f); break;
+    case 4: case 5: {
+        kind = rnd(5);
+        int writes = kind == 2 || kind == 3;
+        if ((writes || may_read(s)) && turn(s, writes ? WRITING : READING)) op_lines(f, kind);
+        break;
+    }
+    case 6: {
+        kind = rnd(unbuffered[s] || pushed_back[s] || last_dir[s] != READING || !__freadable(f) ? 2 : 3);
+        if ((kind != 1 && !may_read(s)) || !turn(s, kind == 1 ? WRITING : READING)) break;
+        int r = op_chars(f, kind);
+        if (kind == 2 && r != EOF) pushed_back[s] = 1;
+        break;
+    }
+    case 7: case 8: if (op_seek(f)) { last_dir[s] = IDLE; pushed_back[s] = 0; } break;
+    /* Only a flush lets a stream that wrote read next (C; a clearerr there left glibc's
+     * buffers to corrupt its heap: seed 4207, a crash in fseek on the host itself). */
+    case 9: if (op_flush_state(f) && last_dir[s] == WRITING) last_dir[s] = IDLE; break;
     case 10: op_fileno_io(f); break;
     default: rnd(3) ? (out("fclose"), close_stream(s)) : op_freopen(s); break;
     }

@@ -269,6 +269,25 @@ def fstat_of_a_directory_renamed_over_after_a_chmod(root):
     return [f"{st.st_mode:o} nlink={st.st_nlink}"]
 
 
+def create_over_a_link_in_a_sticky_directory(root):
+    # Linux's may_create_in_sticky: open(O_CREAT) of an existing symbolic link (O_NOFOLLOW) in
+    # a sticky, world-writable directory that neither the link's owner nor the caller owns is
+    # EACCES before the link's ELOOP (seeds 15268 and 15383: kura said ELOOP). Owned by the
+    # directory's owner, or the directory only group-writable: ELOOP. (Regular files and FIFOs
+    # only with fs.protected_regular and fs.protected_fifos, off on the test host.)
+    d = f"{root}/sticky"
+    os.mkdir(d)
+    os.chmod(d, 0o1777)
+    os.symlink("missing", f"{d}/theirs")
+    os.lchown(f"{d}/theirs", 1000, 1000)
+    os.symlink("missing", f"{d}/mine")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+    out = [attempt(lambda: os.open(f"{d}/theirs", flags, 0o644)), attempt(lambda: os.open(f"{d}/mine", flags, 0o644))]
+    os.chmod(d, 0o1775)
+    out.append(attempt(lambda: os.open(f"{d}/theirs", flags, 0o644)))
+    return out
+
+
 CASES = [
     write_to_a_directory,
     create_and_directory_together,
@@ -288,6 +307,7 @@ CASES = [
     create_through_a_link_to_a_name_and_slash,
     reopen_through_proc_self_fd,
     fstat_of_a_directory_renamed_over_after_a_chmod,
+    create_over_a_link_in_a_sticky_directory,
 ]
 
 
