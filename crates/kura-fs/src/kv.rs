@@ -1328,7 +1328,7 @@ impl MetaConn {
         self.read_raw_line()?;
         let line = self.line.trim_end();
         if line == "CLIENT_ERROR unauthenticated" {
-            return Err(FsError::Io(format!("{}: {line}: the node asks clients to authenticate (-Y): give the pool its USER:PASSWORD@ in the URL", self.node)));
+            return Err(FsError::Io(format!("{}: {line}: {}", self.node, kura_pool::NEEDS_CREDENTIALS)));
         }
         if line.starts_with("SERVER_ERROR") || line.starts_with("CLIENT_ERROR") || line == "ERROR" {
             return Err(if is_out_of_space(line) { FsError::NoSpace } else { FsError::Io(format!("{}: {line}", self.node)) });

@@ -303,7 +303,10 @@ pub(crate) const INBUF_START_BYTES: usize = 16 << 10;
 const INFO_REPLY_BYTES_MAX: usize = 64 << 10;
 
 /// memcached's answer to a request before `-Y` authentication.
-const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+const UNAUTHENTICATED: &[u8] = kura_proto::auth::AuthStep::UNAUTHENTICATED;
+/// What a node that asks for credentials the URL did not give says (the pool's and the file
+/// system's connections alike).
+pub const NEEDS_CREDENTIALS: &str = "the node asks clients to authenticate (-Y): give the pool its USER:PASSWORD@ in the URL";
 
 /// Authenticates a new connection (blocking, bounded by the stream's timeouts): Redis' `AUTH
 /// [user] password`; for a kura
@@ -341,20 +344,12 @@ pub fn authenticate(stream: &mut NodeStream, backend: Backend, credentials: &Cre
     }
 }
 
-/// One reply line (blocking; the handshake's reads are bounded by the connect timeout).
+/// The one-line reply to one request (blocking, as the handshake's reads: [`read_more`]).
 fn read_line(stream: &mut NodeStream) -> Result<Vec<u8>, String> {
     const LINE_MAX: usize = 4 << 10;
     let mut line = Vec::new();
-    let mut byte = [0u8; 1];
     while !line.ends_with(b"\n") {
-        let n = stream.read(&mut byte).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no answer to the authentication in time".to_owned(),
-            _ => format!("authentication: {e}"),
-        })?;
-        if n == 0 {
-            return Err("the node closed the connection during the authentication".into());
-        }
-        line.push(byte[0]);
+        read_more(stream, &mut line)?;
         if line.len() > LINE_MAX {
             return Err("authentication reply too long".into());
         }
@@ -403,7 +398,7 @@ fn handshake(stream: &mut NodeStream, addr: &str, backend: Backend, text_only: b
             let (version, dialect, instance) = loop {
                 read_more(stream, &mut buf)?;
                 if buf.starts_with(UNAUTHENTICATED) {
-                    return Err("the node asks clients to authenticate (-Y): give the pool its USER:PASSWORD@ in the URL".into());
+                    return Err(NEEDS_CREDENTIALS.into());
                 }
                 if let Some(learnt) = memcache_handshake(&buf, text_only).map_err(|e| format!("handshake: {e}"))? {
                     break learnt;

@@ -27,6 +27,19 @@ struct Counts {
     del: u64,
 }
 
+impl Counts {
+    fn add(&mut self, op: DetailOp) {
+        match op {
+            DetailOp::Get { hit } => {
+                self.get += 1;
+                self.hit += u64::from(hit);
+            }
+            DetailOp::Set => self.set += 1,
+            DetailOp::Delete => self.del += 1,
+        }
+    }
+}
+
 /// What a counted command did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DetailOp {
@@ -78,20 +91,11 @@ impl Detail {
         let Some(end) = key.iter().position(|&b| b == self.delimiter) else { return };
         let prefix = &key[..end];
         let mut prefixes = self.prefixes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !prefixes.contains_key(prefix) {
-            if prefixes.len() >= DETAIL_PREFIXES_MAX {
-                return;
-            }
-            prefixes.insert(prefix.into(), Counts::default());
-        }
-        let Some(counts) = prefixes.get_mut(prefix) else { return };
-        match op {
-            DetailOp::Get { hit } => {
-                counts.get += 1;
-                counts.hit += u64::from(hit);
-            }
-            DetailOp::Set => counts.set += 1,
-            DetailOp::Delete => counts.del += 1,
+        // A prefix counted before: one lookup; a new one: a second, to insert it.
+        if let Some(counts) = prefixes.get_mut(prefix) {
+            counts.add(op);
+        } else if prefixes.len() < DETAIL_PREFIXES_MAX {
+            prefixes.entry(prefix.into()).or_default().add(op);
         }
     }
 

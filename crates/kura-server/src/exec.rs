@@ -14,7 +14,7 @@ use kura_proto::encode::{
     self, MetaCode, MetaCommand, MetaDebugInfo, MetaItem, Reply, quiet_suppresses,
 };
 use kura_proto::{
-    KEY_LENGTH_MAX, WatchFlags, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, MetadumpClasses,
+    ErrorKind, KEY_LENGTH_MAX, WatchFlags, MetaArithmetic, MetaFlag, MetaFlags, MetaRequest, MetaSet, MetadumpClasses,
     Parsed, ParserLimits, Request, Retrieval, SetMode, ShutdownMode, Storage, StorageCommand,
 };
 
@@ -815,19 +815,19 @@ fn ttl_at_t(flags: &MetaFlags<'_>, before: i64, updates: &[(MetaFlag, Option<i64
 
 /// With `-C`, memcached refuses a meta request's `E` (the new item's CAS value): `mg` and `ms`
 /// with "invalid flag", `md` and `ma` with "invalid or duplicate flag".
-fn new_cas_refused(ctx: &mut Ctx<'_>, flags: &MetaFlags<'_>, reply: &'static [u8]) -> bool {
+fn new_cas_refused(ctx: &mut Ctx<'_>, flags: &MetaFlags<'_>, error: ErrorKind) -> bool {
     if ctx.store.cas_enabled() || flags.new_cas().is_none() {
         return false;
     }
-    ctx.out.push_bytes(reply);
+    ctx.out.push_with(|out| {
+        out.extend_from_slice(error.reply().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    });
     true
 }
 
-const INVALID_FLAG: &[u8] = b"CLIENT_ERROR invalid flag\r\n";
-const INVALID_OR_DUPLICATE_FLAG: &[u8] = b"CLIENT_ERROR invalid or duplicate flag\r\n";
-
 fn meta_get(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>, raw: &[u8]) {
-    if new_cas_refused(ctx, &m.flags, INVALID_FLAG) {
+    if new_cas_refused(ctx, &m.flags, ErrorKind::InvalidFlag) {
         return;
     }
     let mut buf = [0u8; KEY_LENGTH_MAX];
@@ -949,7 +949,7 @@ fn meta_get_reply(
 }
 
 fn meta_set(ctx: &mut Ctx<'_>, m: &MetaSet<'_>) {
-    if new_cas_refused(ctx, &m.flags, INVALID_FLAG) {
+    if new_cas_refused(ctx, &m.flags, ErrorKind::InvalidFlag) {
         return;
     }
     bump(&ctx.stats.cmd_set);
@@ -1006,7 +1006,7 @@ fn meta_set(ctx: &mut Ctx<'_>, m: &MetaSet<'_>) {
 }
 
 fn meta_delete(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>) {
-    if new_cas_refused(ctx, &m.flags, INVALID_OR_DUPLICATE_FLAG) {
+    if new_cas_refused(ctx, &m.flags, ErrorKind::InvalidOrDuplicateFlag) {
         return;
     }
     let mut buf = [0u8; KEY_LENGTH_MAX];
@@ -1053,7 +1053,7 @@ fn meta_delete(ctx: &mut Ctx<'_>, m: &MetaRequest<'_>) {
 }
 
 fn meta_arithmetic(ctx: &mut Ctx<'_>, m: &MetaArithmetic<'_>) {
-    if new_cas_refused(ctx, &m.flags, INVALID_OR_DUPLICATE_FLAG) {
+    if new_cas_refused(ctx, &m.flags, ErrorKind::InvalidOrDuplicateFlag) {
         return;
     }
     let mut buf = [0u8; KEY_LENGTH_MAX];
