@@ -33,8 +33,7 @@
 //! - opaque tokens may not hold control characters.
 //!
 //! Not parsed (answered `ERROR`, like any unknown command): memcached's admin
-//! commands `extstore`,
-//! `refresh_certs`, `debugtime`, `misbehave`, and the obsolete `bget`.
+//! commands `extstore`, `debugtime`, `misbehave`, and the obsolete `bget`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

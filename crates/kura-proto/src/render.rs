@@ -151,6 +151,7 @@ fn render_simple(out: &mut Vec<u8>, request: &Request<'_>) {
             (b"shutdown", vec![Arg::Bytes(b"invalid")], false)
         }
         Request::Quit => (b"quit", vec![], false),
+        Request::RefreshCerts { noreply } => (b"refresh_certs", vec![], noreply),
         Request::MetaNoop => (b"mn", vec![], false),
         Request::MetaDebug {
             key,

@@ -60,6 +60,12 @@ pub enum Request<'a> {
         /// Send no reply.
         noreply: bool,
     },
+    /// `refresh_certs [… noreply]` (memcached built with TLS): reload the TLS certificate and
+    /// key. memcached looks only at whether the last token is `noreply`.
+    RefreshCerts {
+        /// Send no reply when it succeeds (a failure is answered anyway, as by memcached).
+        noreply: bool,
+    },
     /// `quit` (arguments ignored): close the connection, no reply.
     Quit,
     /// `stats [group [args]]`; the server answers `ERROR` for unknown groups.

@@ -584,6 +584,8 @@ impl Model {
             // kura's extension; memcached does not know the command.
             Request::Sync { .. } => out.extend_from_slice(b"ERROR\r\n"),
             Request::Quit => return false,
+            // memcached built with TLS, started without -Z.
+            Request::RefreshCerts { .. } => out.extend_from_slice(b"Error TLS not enabled\r\n"),
             Request::Stats { .. } | Request::Metadump(_) => encode::reply(out, Reply::End),
             // memcached 1.6.19+ on an empty cache.
             Request::Mgdump(_) => out.extend_from_slice(b"EN\r\n"),

@@ -25,7 +25,9 @@ pub struct ServeArgs {
     /// TCP port to listen on (memcached -p).
     #[arg(short = 'p', long = "port", default_value_t = PORT_DEFAULT)]
     pub port: u16,
-    /// Address to listen on; several separated by commas (memcached -l).
+    /// Address to listen on; several separated by commas, each ADDR, ADDR:PORT or [IPV6]:PORT
+    /// (the port is -p's when not given), prefixed notls: for one that stays plain under -Z
+    /// (memcached -l).
     #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
     pub listen: String,
     /// Listen on this Unix socket instead of TCP (memcached -s: -p and -l are then not
@@ -120,9 +122,14 @@ pub struct ServeArgs {
     /// items are in its store (--path), which every restart reopens.
     #[arg(short = 'e', long = "memory-file", value_name = "FILE", hide_short_help = true)]
     pub memory_file: Option<PathBuf>,
-    /// memcached -Z (TLS): refused with an error; kura serve speaks plain TCP or a Unix
-    /// socket (put a TLS proxy in front).
-    #[arg(short = 'Z', long = "enable-ssl", hide_short_help = true)]
+    /// TLS on every TCP listener but those given to -l as notls:ADDR (memcached -Z). The
+    /// certificate comes from -o ssl_chain_cert=FILE (PEM, the server's certificate first)
+    /// and ssl_key=FILE (PEM; the chain's file when not given); -o ssl_ca_cert=FILE with
+    /// ssl_verify_mode=1 (ask for client certificates) or 2 (require them) checks clients';
+    /// ssl_min_version=3 allows TLS 1.3 only (TLS 1.2 and 1.3 otherwise); ssl_session_cache
+    /// lets clients resume sessions. `refresh_certs` reloads the files. Unix sockets stay
+    /// plain.
+    #[arg(short = 'Z', long = "enable-ssl")]
     pub enable_ssl: bool,
     /// Connections the kernel queues for the server before it accepts them (memcached -b).
     #[arg(short = 'b', long = "listen-backlog", default_value_t = LISTEN_BACKLOG_DEFAULT)]
@@ -207,16 +214,26 @@ impl ServeArgs {
             ));
         }
         let mut listen = Vec::new();
+        let mut listen_notls = Vec::new();
         // memcached: -s turns the network off.
         let hosts = if self.unix_socket.is_some() { "" } else { self.listen.as_str() };
-        for host in hosts
+        for entry in hosts
             .split(',')
             .map(str::trim)
             .filter(|h| !h.is_empty())
         {
-            let addrs = (host, self.port)
+            let (notls, host_port) = match entry.strip_prefix("notls:") {
+                Some(rest) => (true, rest),
+                None => (false, entry),
+            };
+            let (host, port) = split_host_port(host_port, self.port).map_err(|e| format!("-l {entry}: {e}"))?;
+            let addrs: Vec<SocketAddr> = (host, port)
                 .to_socket_addrs()
-                .map_err(|e| format!("-l {host}: {e}"))?;
+                .map_err(|e| format!("-l {entry}: {e}"))?
+                .collect();
+            if notls {
+                listen_notls.extend(addrs.iter().copied());
+            }
             listen.extend(addrs);
         }
         listen.dedup();
@@ -241,6 +258,23 @@ impl ServeArgs {
             tracing::warn!(option, "-o {option}: memcached's option has no effect in kura (no slab allocator, LRU, hash table or extstore to tune)");
         }
         let idle_timeout_s = extended.idle_timeout_s.unwrap_or(self.idle_timeout_s);
+        let mut tls = extended.tls;
+        tls.enabled = self.enable_ssl;
+        if tls.enabled {
+            if listen.iter().all(|a| listen_notls.contains(a)) {
+                return Err("-Z: TLS needs a TCP listener (memcached: \"You cannot enable SSL without a TCP port\"); a Unix socket (-s) stays plain".to_owned());
+            }
+            tls.options()?;
+            if tls.ciphers.is_some() {
+                tracing::warn!("-o ssl_ciphers: OpenSSL's cipher lists do not apply; kura offers rustls's suites (TLS 1.3: AES-GCM and ChaCha20-Poly1305; TLS 1.2: ECDHE with those)");
+            }
+            if tls.min_version < 2 {
+                tracing::warn!("-o ssl_min_version={}: kura speaks TLS 1.2 and 1.3 only", tls.min_version);
+            }
+            if tls.kernel_tls {
+                tracing::warn!("-o ssl_kernel_tls has no effect: kura encrypts in user space");
+            }
+        }
         let allowed = Allowed {
             shutdown: self.enable_shutdown,
             flush_all: !self.disable_flush_all,
@@ -249,6 +283,8 @@ impl ServeArgs {
         };
         let config = ServerConfig {
             listen,
+            listen_notls,
+            tls,
             unix_socket,
             allowed,
             protocol,
@@ -284,9 +320,6 @@ impl ServeArgs {
         }
         if let Some(file) = &self.memory_file {
             return Err(format!("-e {}: kura keeps items in its store (--path), which a restart reopens; it has no memory file", file.display()));
-        }
-        if self.enable_ssl {
-            return Err("-Z: kura serve does not speak TLS; listen on 127.0.0.1 or a Unix socket (-s) and put a TLS proxy in front".to_owned());
         }
         match self.protocol.as_str() {
             "auto" | "ascii" => {}
@@ -344,6 +377,8 @@ struct Extended {
     crawler: Vec<CrawlerCommand>,
     /// Options memcached has that mean nothing here (logged).
     no_effect: Vec<String>,
+    /// `ssl_*` (`enabled` is -Z's).
+    tls: crate::tls::TlsSettings,
 }
 
 /// memcached 1.6's `-o` options that tune what kura does not have: its slab allocator, LRU
@@ -384,11 +419,56 @@ impl Extended {
                     out.crawler.push(CrawlerCommand::Sleep(us as u32));
                 }
                 "lru_crawler_tocrawl" => out.crawler.push(CrawlerCommand::ToCrawl(u32::try_from(number("lru_crawler_tocrawl")?).unwrap_or(u32::MAX))),
+                "ssl_chain_cert" | "ssl_key" | "ssl_ca_cert" | "ssl_ciphers" => {
+                    let text = value.filter(|v| !v.is_empty()).ok_or_else(|| format!("-o {item}: {key} takes a value ({key}=…)"))?;
+                    match key {
+                        "ssl_chain_cert" => out.tls.chain_cert = Some(text.into()),
+                        "ssl_key" => out.tls.key = Some(text.into()),
+                        "ssl_ca_cert" => out.tls.ca_cert = Some(text.into()),
+                        _ => out.tls.ciphers = Some(text.to_owned()),
+                    }
+                }
+                "ssl_verify_mode" | "ssl_min_version" => {
+                    // memcached's own two messages.
+                    let n = value.and_then(|v| v.parse::<u32>().ok()).ok_or_else(|| format!("-o {item}: could not parse argument to {key}"))?;
+                    if n > crate::tls::VERIFY_MODE_MAX {
+                        return Err(format!("-o {item}: Invalid {key}. Use help to see valid options (0 to 3)."));
+                    }
+                    if key == "ssl_verify_mode" {
+                        out.tls.verify_mode = n;
+                    } else {
+                        out.tls.min_version = n;
+                    }
+                }
+                "ssl_keyformat" => out.tls.keyformat = u32::try_from(number("ssl_keyformat")?).unwrap_or(u32::MAX),
+                "ssl_wbuf_size" => out.tls.wbuf_size_kib = u32::try_from(number("ssl_wbuf_size")?).unwrap_or(u32::MAX),
+                "ssl_session_cache" => out.tls.session_cache = true,
+                "ssl_kernel_tls" => out.tls.kernel_tls = true,
                 _ if EXTENDED_NO_EFFECT.contains(&key) || key.starts_with("ext_") => out.no_effect.push(item.to_owned()),
                 _ => return Err(format!("-o {item}: not an extended option of memcached's (Illegal suboption \"{key}\")")),
             }
         }
         Ok(out)
+    }
+}
+
+/// One `-l` entry's host and port: `HOST`, `HOST:PORT`, `[IPV6]`, `[IPV6]:PORT` or a bare
+/// IPv6 address (two colons or more), the port `default_port` when not given.
+fn split_host_port(entry: &str, default_port: u16) -> Result<(&str, u16), String> {
+    let port = |p: &str| p.parse::<u16>().map_err(|_| format!("{p:?} is not a port"));
+    if let Some(rest) = entry.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or("an IPv6 address opened with [ is not closed with ]")?;
+        return match after {
+            "" => Ok((host, default_port)),
+            _ => Ok((host, port(after.strip_prefix(':').ok_or("expected :PORT after ]")?)?)),
+        };
+    }
+    match entry.matches(':').count() {
+        1 => {
+            let (host, p) = entry.split_once(':').expect("one colon");
+            Ok((host, port(p)?))
+        }
+        _ => Ok((entry, default_port)),
     }
 }
 
@@ -453,6 +533,44 @@ mod tests {
         assert!(!config(&[]).unwrap().allowed.shutdown);
         assert!(config(&["-s", "k.sock", "-a", "778"]).unwrap_err().contains("not octal"));
         assert!(config(&["-s", "k.sock", "-a", "1000"]).unwrap_err().contains("at most 777"));
+    }
+
+    #[test]
+    fn listen_entries_take_ports_and_notls() {
+        assert_eq!(split_host_port("10.0.0.1", 11211), Ok(("10.0.0.1", 11211)));
+        assert_eq!(split_host_port("10.0.0.1:2000", 11211), Ok(("10.0.0.1", 2000)));
+        assert_eq!(split_host_port("[::1]:2000", 11211), Ok(("::1", 2000)));
+        assert_eq!(split_host_port("[::1]", 11211), Ok(("::1", 11211)));
+        assert_eq!(split_host_port("::1", 11211), Ok(("::1", 11211)));
+        assert!(split_host_port("[::1", 1).is_err() && split_host_port("h:x", 1).is_err() && split_host_port("[::1]x", 1).is_err());
+        let c = config(&["-l", "notls:127.0.0.1:2001,127.0.0.1", "-p", "2000"]).unwrap();
+        let (a, b): (SocketAddr, SocketAddr) = ("127.0.0.1:2001".parse().unwrap(), "127.0.0.1:2000".parse().unwrap());
+        assert_eq!(c.listen, vec![a, b]);
+        assert_eq!(c.listen_notls, vec![a]);
+        assert!(!c.tls.enabled);
+    }
+
+    #[test]
+    fn tls_options_are_checked_as_memcached_checks_them() {
+        let c = config(&["-Z", "-o", "ssl_chain_cert=/c.pem,ssl_verify_mode=2,ssl_ca_cert=/ca.pem,ssl_min_version=3,ssl_session_cache,ssl_wbuf_size=32"]).unwrap();
+        assert!(c.tls.enabled);
+        assert_eq!(c.tls.chain_cert.as_deref(), Some(std::path::Path::new("/c.pem")));
+        assert_eq!((c.tls.verify_mode, c.tls.min_version, c.tls.session_cache, c.tls.wbuf_size_kib), (2, 3, true, 32));
+        let options = c.tls.options().unwrap();
+        assert_eq!(options.key, std::path::PathBuf::from("/c.pem"), "the key is in the chain's file when not given");
+        assert_eq!(options.client_auth, kura_tls::ClientAuth::Require);
+        assert_eq!(options.min_version, kura_tls::MinVersion::Tls13);
+        assert!(config(&["-Z"]).unwrap_err().contains("ssl_chain_cert"));
+        assert!(config(&["-Z", "-s", "/k.sock", "-o", "ssl_chain_cert=/c"]).unwrap_err().contains("TCP"));
+        assert!(config(&["-Z", "-l", "notls:127.0.0.1", "-o", "ssl_chain_cert=/c"]).unwrap_err().contains("TCP"));
+        assert!(config(&["-Z", "-o", "ssl_chain_cert=/c,ssl_verify_mode=1"]).unwrap_err().contains("ssl_ca_cert"));
+        assert!(config(&["-Z", "-o", "ssl_chain_cert=/c,ssl_keyformat=2"]).unwrap_err().contains("PEM"));
+        assert!(config(&["-o", "ssl_verify_mode=4"]).unwrap_err().contains("Invalid ssl_verify_mode"));
+        assert!(config(&["-o", "ssl_min_version=tlsv1.3"]).unwrap_err().contains("could not parse argument to ssl_min_version"));
+        assert!(config(&["-o", "ssl_chain_cert"]).unwrap_err().contains("takes a value"));
+        // Without -Z the options are kept (stats settings shows them) and nothing is checked.
+        let c = config(&["-o", "ssl_verify_mode=2"]).unwrap();
+        assert!(!c.tls.enabled && c.tls.verify_mode == 2);
     }
 
     #[test]

@@ -259,6 +259,10 @@ impl FromStr for Bytes {
 pub struct ServerConfig {
     /// Addresses to listen on (memcached's `-l`, resolved); none with a Unix socket.
     pub listen: Vec<SocketAddr>,
+    /// Those of `listen` that stay plain under `-Z` (memcached's `-l notls:…`).
+    pub listen_notls: Vec<SocketAddr>,
+    /// `-Z` and the `-o ssl_*` options.
+    pub tls: crate::tls::TlsSettings,
     /// A Unix socket to listen on instead (memcached's `-s`).
     pub unix_socket: Option<UnixSocket>,
     /// Commands turned on or off (`-A -F -X -W`).

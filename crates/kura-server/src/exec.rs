@@ -213,6 +213,18 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
         }
         Request::Verbosity { noreply, .. } => reply(ctx, Reply::Ok, noreply),
         Request::Quit => return Flow::Close,
+        // memcached's replies: a failure is answered even with noreply.
+        Request::RefreshCerts { noreply } => match ctx.sources.tls.as_ref().map(|tls| tls.refresh()) {
+            None => ctx.out.push_bytes(b"Error TLS not enabled\r\n"),
+            Some(Ok(())) => reply(ctx, Reply::Ok, noreply),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "refresh_certs failed; the certificate loaded before stays in use");
+                ctx.out.push_with(|out| {
+                    out.extend_from_slice(error.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                });
+            }
+        },
         Request::Stats { args } => stats(ctx, &args),
         // kura has no slab allocator or LRU segments to tune: memcached's answer.
         Request::Tuning(reply) => ctx.out.push_bytes(reply.line()),

@@ -53,6 +53,7 @@ pub mod server;
 pub mod signals;
 pub mod socket;
 pub mod stats;
+pub mod tls;
 pub mod store;
 #[cfg(test)]
 mod store_model_tests;

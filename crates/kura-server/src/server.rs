@@ -45,6 +45,9 @@ type StopSignal = Arc<(Mutex<bool>, Condvar)>;
 pub enum ServerError {
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// `-Z`: the certificate, key or CA file cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("cannot open the store at {path}: {source}")]
     Store { path: String, source: StoreError },
     #[error("cannot listen on {addr}: {source}")]
@@ -153,13 +156,16 @@ impl Server {
     /// Opens the store, binds, and starts every thread.
     pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
         config.validate().map_err(ServerError::Config)?;
+        // The certificate is loaded before anything else, so that a bad one stops the start.
+        let tls = config.tls.enabled.then(|| crate::tls::ServerTls::new(config.tls.clone()).map(Arc::new)).transpose().map_err(ServerError::Tls)?;
         let store = open_store(config)?;
         let instance_id = crate::stats::new_instance_id();
         publish_changes(&store, &config.path, instance_id);
-        let mut listeners = bind_all(&config.listen, config.listen_backlog)?;
+        let listeners = bind_all(&config.listen, config.listen_backlog)?;
+        let mut listeners: Vec<(Listener, bool)> = listeners.into_iter().zip(&config.listen).map(|(l, addr)| (l, tls.is_some() && !config.listen_notls.contains(addr))).collect();
         let local_addrs = listeners
             .iter()
-            .filter_map(|l| match l {
+            .filter_map(|(l, _)| match l {
                 Listener::Tcp(l) => l.local_addr().ok(),
                 Listener::Unix { .. } => None,
             })
@@ -169,7 +175,7 @@ impl Server {
                 path: unix.path.display().to_string(),
                 source,
             })?;
-            listeners.push(listener);
+            listeners.push((listener, false));
         }
         let metrics_listener = config
             .metrics_addr
@@ -182,7 +188,7 @@ impl Server {
             .map(|_| Arc::new(WorkerStats::default()))
             .collect();
         let conns = Arc::new(ConnStats::default());
-        for listener in &listeners {
+        for (listener, _) in &listeners {
             if let Some(addr) = listener.addr() {
                 use std::os::fd::AsRawFd as _;
                 let entry = crate::stats::ConnEntry::listener(addr);
@@ -212,6 +218,8 @@ impl Server {
                 watchers: Arc::default(),
                 stop_requested: AtomicBool::new(false),
                 detail: crate::detail::Detail::new(config.protocol.detail_delimiter),
+                tls_settings: config.tls.clone(),
+                tls,
             },
             store,
             conns,
@@ -430,15 +438,18 @@ fn worker_limits(config: &ServerConfig) -> WorkerLimits {
     }
 }
 
+/// A worker's queue of new connections (each with whether it speaks TLS) and its waker.
+type Inbox = (Sender<(Stream, bool)>, Arc<Waker>);
+
 fn start_acceptor(
-    mut listeners: Vec<Listener>,
-    inboxes: Vec<(Sender<Stream>, Arc<Waker>)>,
+    mut listeners: Vec<(Listener, bool)>,
+    inboxes: Vec<Inbox>,
     shared: Arc<Shared>,
     max_connections: usize,
 ) -> Result<(JoinHandle<()>, Arc<Waker>), ServerError> {
     let io_error = |what| move |source| ServerError::Io { what, source };
     let mut poll = Poll::new().map_err(io_error("creating the acceptor's poll"))?;
-    for (i, listener) in listeners.iter_mut().enumerate() {
+    for (i, (listener, _)) in listeners.iter_mut().enumerate() {
         poll.registry()
             .register(listener, Token(i), Interest::READABLE)
             .map_err(io_error("watching a listener"))?;
@@ -459,10 +470,10 @@ fn start_acceptor(
                     break;
                 }
                 for event in events.iter() {
-                    let Some(listener) = listeners.get(event.token().0) else {
+                    let Some((listener, tls)) = listeners.get(event.token().0) else {
                         continue;
                     };
-                    accept_all(listener, &inboxes, &shared, max_connections, &mut next);
+                    accept_all(listener, *tls, &inboxes, &shared, max_connections, &mut next);
                 }
             }
             // Dropping the listeners here stops the kernel from queueing new connections.
@@ -471,9 +482,12 @@ fn start_acceptor(
     Ok((handle, waker))
 }
 
+/// Accepts every connection waiting on `listener` and hands each to a worker, with whether
+/// it speaks TLS.
 fn accept_all(
     listener: &Listener,
-    inboxes: &[(Sender<Stream>, Arc<Waker>)],
+    tls: bool,
+    inboxes: &[Inbox],
     shared: &Shared,
     max_connections: usize,
     next: &mut usize,
@@ -500,7 +514,7 @@ fn accept_all(
         conns.total_connections.fetch_add(1, Ordering::Relaxed);
         let (tx, waker) = &inboxes[*next % inboxes.len()];
         *next = next.wrapping_add(1);
-        if tx.send(stream).is_err() {
+        if tx.send((stream, tls)).is_err() {
             conns.curr_connections.fetch_sub(1, Ordering::Relaxed);
             continue;
         }

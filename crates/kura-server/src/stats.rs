@@ -257,6 +257,10 @@ pub struct StatsSources {
     pub stop_requested: std::sync::atomic::AtomicBool,
     /// `stats detail`'s per-prefix counters.
     pub detail: crate::detail::Detail,
+    /// The `-o ssl_*` options (`stats settings` shows them with TLS off too, as memcached).
+    pub tls_settings: crate::tls::TlsSettings,
+    /// `-Z`: the configuration new connections get, and its counters.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 pub const VERSION: &str = concat!("1.6.18-kura-", env!("CARGO_PKG_VERSION"));
@@ -398,6 +402,15 @@ impl StatsSources {
             ("log_watchers", U64(self.watchers.count() as u64)),
             ("log_watcher_sent", U64(self.watchers.lines_sent())),
             ("log_watcher_skipped", U64(self.watchers.lines_skipped())),
+        ]);
+        if let Some(tls) = &self.tls {
+            // memcached lists these only with -Z.
+            out.extend([
+                ("ssl_handshake_errors", U64(tls.handshake_errors.load(Ordering::Relaxed))),
+                ("time_since_server_cert_refresh", U64(tls.seconds_since_refresh())),
+            ]);
+        }
+        out.extend([
             (
                 "kura_mode",
                 Text(format!("{:?}", self.store.mode()).to_lowercase()),
@@ -488,6 +501,18 @@ impl StatsSources {
             ("binding_protocol", Text("ascii".to_owned())),
             ("auth_enabled_sasl", yes_no(false)),
             ("auth_enabled_ascii", Text(self.info.protocol.auth.as_ref().map_or_else(|| "no".to_owned(), |a| a.path.display().to_string()))),
+            // memcached's, with or without -Z.
+            ("ssl_enabled", yes_no(self.tls_settings.enabled)),
+            ("ssl_chain_cert", Text(path_or(self.tls_settings.chain_cert.as_deref(), "(null)"))),
+            ("ssl_key", Text(path_or(self.tls_settings.key.as_deref(), "(null)"))),
+            ("ssl_verify_mode", U64(u64::from(self.tls_settings.verify_mode))),
+            ("ssl_keyformat", U64(u64::from(self.tls_settings.keyformat))),
+            ("ssl_ciphers", Text(self.tls_settings.ciphers.clone().unwrap_or_else(|| "NULL".to_owned()))),
+            ("ssl_ca_cert", Text(path_or(self.tls_settings.ca_cert.as_deref(), "NULL"))),
+            ("ssl_wbuf_size", U64(u64::from(self.tls_settings.wbuf_size_kib) * 1024)),
+            ("ssl_session_cache", yes_no(self.tls_settings.session_cache)),
+            ("ssl_kernel_tls", yes_no(self.tls_settings.kernel_tls)),
+            ("ssl_min_version", Text(self.tls_settings.min_version_name().to_owned())),
             (
                 "kura_ram_cache_limit_bytes",
                 U64(self.store.cache_stats().limit_bytes),
@@ -512,6 +537,11 @@ impl StatsSources {
     }
 }
 
+/// A path as memcached's `stats settings` prints it, or its word for none.
+fn path_or(path: Option<&std::path::Path>, none: &str) -> String {
+    path.map_or_else(|| none.to_owned(), |p| p.display().to_string())
+}
+
 fn is_gauge(name: &str) -> bool {
     matches!(
         name,
@@ -528,6 +558,7 @@ fn is_gauge(name: &str) -> bool {
             | "bytes"
             | "curr_items"
             | "log_watchers"
+            | "time_since_server_cert_refresh"
             | "kura_ram_cache_limit_bytes"
             | "kura_ram_cache_bytes"
             | "kura_ram_cache_items"

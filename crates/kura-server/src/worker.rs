@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use kura_proto::auth::AuthStep;
 use kura_proto::{Parsed, ParserLimits, Recovery};
 use crate::socket::Stream;
+use kura_tls::{TlsSession, TlsWriter};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
@@ -98,6 +99,8 @@ pub struct Shared {
 
 struct Conn {
     stream: Stream,
+    /// `-Z` on this connection's listener: what it reads and writes goes through the session.
+    tls: Option<Box<TlsSession>>,
     /// What `stats conns` shows of it.
     entry: Arc<ConnEntry>,
     /// It sent `watch`: log lines go to it, its input is dropped.
@@ -167,6 +170,11 @@ impl Conn {
         }
     }
 
+    /// Every reply is with the kernel: none queued, and no ciphertext left in the session.
+    fn output_drained(&self) -> bool {
+        self.out.is_empty() && self.tls.as_ref().is_none_or(|tls| !tls.write_pending())
+    }
+
     fn shrink_if_idle(&mut self) {
         if self.start == self.end && self.input.len() > INPUT_KEEP_BYTES_MAX {
             self.input = vec![0; INPUT_CHUNK_BYTES];
@@ -180,7 +188,7 @@ pub struct Worker {
     shared: Arc<Shared>,
     stats: Arc<WorkerStats>,
     poll: Poll,
-    inbox: Receiver<Stream>,
+    inbox: Receiver<(Stream, bool)>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     next_gen: u64,
@@ -211,7 +219,7 @@ impl Worker {
         stats: Arc<WorkerStats>,
         poll: Poll,
         waker: Arc<Waker>,
-        inbox: Receiver<Stream>,
+        inbox: Receiver<(Stream, bool)>,
     ) -> io::Result<Self> {
         let reads = ReadQueue::new(
             shared.store.engine().device(),
@@ -450,7 +458,7 @@ impl Worker {
     }
 
     fn accept_handed_over(&mut self) {
-        while let Ok(mut stream) = self.inbox.try_recv() {
+        while let Ok((mut stream, tls)) = self.inbox.try_recv() {
             if self.draining_since.is_some() {
                 self.shared
                     .conns
@@ -458,6 +466,15 @@ impl Worker {
                     .fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
+            let tls = match tls.then(|| self.shared.sources.tls.as_ref().map(|t| t.session())).flatten() {
+                None => None,
+                Some(Ok(session)) => Some(Box::new(session)),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "cannot start a TLS session for a new connection");
+                    self.shared.conns.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
             let index = self.free.pop().unwrap_or_else(|| {
                 self.conns.push(None);
                 self.conns.len() - 1
@@ -484,6 +501,7 @@ impl Worker {
             self.shared.sources.watchers.conn_event(entry.addr.as_ref(), stream.as_raw_fd(), None);
             self.conns[index] = Some(Conn {
                 stream,
+                tls,
                 entry,
                 watch: None,
                 generation,
@@ -673,7 +691,13 @@ impl Worker {
             conn.closing = true;
             return ReadResult::Drained;
         }
-        match conn.stream.read(&mut conn.input[conn.end..]) {
+        let read = match conn.tls.as_mut() {
+            // Reads until the buffer is full or the socket has nothing more, so a short read
+            // means what it means on a plain socket.
+            Some(tls) => tls.read(&mut conn.stream, &mut conn.input[conn.end..], false),
+            None => conn.stream.read(&mut conn.input[conn.end..]),
+        };
+        match read {
             Ok(0) => {
                 // The client is done sending: answer what it sent, then close.
                 conn.readable = false;
@@ -699,7 +723,15 @@ impl Worker {
                 ReadResult::Drained
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data,
-            Err(_) => {
+            Err(error) => {
+                if let Some(tls) = conn.tls.as_ref()
+                    && tls.is_handshaking()
+                {
+                    tracing::debug!(%error, "TLS handshake failed");
+                    if let Some(server_tls) = &self.shared.sources.tls {
+                        server_tls.count_handshake_error();
+                    }
+                }
                 self.close(index, "error");
                 ReadResult::Closed
             }
@@ -933,13 +965,21 @@ impl Worker {
                     reads.recycle(buf);
                 }
             };
-            match conn.out.write_to(&mut conn.stream, &mut spent) {
+            let written = match conn.tls.as_mut() {
+                Some(tls) => match tls.flush(&mut conn.stream) {
+                    Ok(()) => conn.out.write_to(&mut TlsWriter { session: tls, sock: &mut conn.stream }, &mut spent),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(0),
+                    Err(e) => Err(e),
+                },
+                None => conn.out.write_to(&mut conn.stream, &mut spent),
+            };
+            match written {
                 Ok(n) => {
                     if n > 0 {
                         conn.last_active = Instant::now();
                         bump_by(&self.stats.bytes_written, n);
                     }
-                    conn.entry.set_writing(!conn.out.is_empty());
+                    conn.entry.set_writing(!conn.output_drained());
                 }
                 Err(_) => {
                     self.close(index, "error");
@@ -947,7 +987,7 @@ impl Worker {
                 }
             }
             let finished = conn.dump.is_none() && (conn.closing || (conn.eof && (conn.start == conn.end || conn.stalled)));
-            if finished && conn.out.is_empty() {
+            if finished && conn.output_drained() {
                 if self.draining_since.is_some() {
                     self.linger(index);
                 } else {
@@ -980,9 +1020,12 @@ impl Worker {
         let Some(conn) = self.conns[index].as_mut() else {
             return;
         };
-        debug_assert!(conn.out.is_empty(), "lingers with every reply handed over");
+        debug_assert!(conn.output_drained(), "lingers with every reply handed over");
         if !conn.lingering {
             conn.lingering = true;
+            if let Some(tls) = conn.tls.as_mut() {
+                tls.close(&mut conn.stream);
+            }
             if conn.stream.shutdown(std::net::Shutdown::Write).is_err() {
                 self.close(index, "shutdown");
                 return;
@@ -1032,6 +1075,14 @@ impl Worker {
         if let Some(watcher) = conn.watch.take() {
             watchers.remove(&watcher);
             self.watches -= 1;
+        }
+        if reason != "error"
+            && !conn.lingering
+            && let Some(tls) = conn.tls.as_mut()
+            && !tls.is_handshaking()
+        {
+            // close_notify, if the socket takes it at once.
+            tls.close(&mut conn.stream);
         }
         let fd = conn.stream.as_raw_fd();
         watchers.conn_event(conn.entry.addr.as_ref(), fd, Some(reason));

@@ -193,7 +193,7 @@ fn slab_options_and_the_rest_of_memcacheds_command_line() {
     for (args, reason) in [
         (&["-S"][..], "-S: SASL authentication needs memcached's binary protocol"),
         (&["-e", "/dev/shm/x"], "it has no memory file"),
-        (&["-Z"], "does not speak TLS"),
+        (&["-Z"], "TLS needs a certificate"),
         (&["-B", "binary"], "not the binary one"),
         (&["-B", "udp"], "invalid value for binding protocol"),
         (&["-R", "0"], "requests per event must be greater than 0"),

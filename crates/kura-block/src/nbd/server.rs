@@ -329,7 +329,7 @@ impl Stream {
 
     /// Upgrades the (blocking) connection to TLS, after `NBD_REP_ACK` to `NBD_OPT_STARTTLS`
     /// went out in plain text.
-    fn start_tls(&mut self, config: &Arc<rustls::ServerConfig>) -> io::Result<()> {
+    fn start_tls(&mut self, config: &Arc<kura_tls::rustls::ServerConfig>) -> io::Result<()> {
         debug_assert!(self.tls.is_none() && !self.nonblocking);
         let mut tls = Box::new(TlsSession::new(config)?);
         tls.handshake(&mut self.sock)?;

@@ -67,6 +67,7 @@ pub(super) fn parse<'a>(
         b"version" => Request::Version,
         b"sync" => sync(line)?,
         b"quit" => Request::Quit,
+        b"refresh_certs" => Request::RefreshCerts { noreply: says_noreply(line) },
         b"stats" => Request::Stats {
             args: Tokens::new(rest),
         },

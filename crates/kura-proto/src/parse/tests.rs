@@ -656,6 +656,15 @@ mod other_classic {
     }
 
     #[test]
+    fn refresh_certs() {
+        // memcached looks only at whether the last token is noreply.
+        assert_eq!(ok(b"refresh_certs\r\n"), Request::RefreshCerts { noreply: false });
+        assert_eq!(ok(b"refresh_certs noreply\r\n"), Request::RefreshCerts { noreply: true });
+        assert_eq!(ok(b"refresh_certs a b noreply\r\n"), Request::RefreshCerts { noreply: true });
+        assert_eq!(ok(b"refresh_certs noreply x\r\n"), Request::RefreshCerts { noreply: false });
+    }
+
+    #[test]
     fn verbosity() {
         assert_eq!(
             ok(b"verbosity 1\r\n"),
