@@ -10,6 +10,10 @@ pub use kura_server::ServeArgs;
 const MALLOC_ARENAS_MAX: libc::c_int = 1;
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    if args.license {
+        print!("{}", kura_server::cli::LICENSE_NOTICE);
+        return Ok(());
+    }
     // SAFETY: mallopt only adjusts glibc's allocator parameters; called before the server
     // starts its threads.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS_MAX) };

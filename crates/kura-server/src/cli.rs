@@ -22,6 +22,9 @@ use kura_proto::CrawlerCommand;
 /// syncs and exits 0.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
+    /// Print kura's license and exit (memcached -i prints memcached's).
+    #[arg(short = 'i', long = "license")]
+    pub license: bool,
     /// TCP port to listen on (memcached -p).
     #[arg(short = 'p', long = "port", default_value_t = PORT_DEFAULT)]
     pub port: u16,
@@ -369,6 +372,15 @@ impl ServeArgs {
         }
     }
 }
+
+/// What `-i` prints: kura's licence (memcached's code is not in kura: kura speaks its
+/// protocol).
+pub const LICENSE_NOTICE: &str = concat!(
+    "kura is licensed under either of the Apache License, Version 2.0\n",
+    "(https://www.apache.org/licenses/LICENSE-2.0) or the MIT license below, at your option.\n",
+    "It speaks memcached's protocol and contains none of memcached's code.\n\n",
+    include_str!("../../../LICENSE-MIT"),
+);
 
 /// What `-o` asked for.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -209,4 +209,11 @@ fn slab_options_and_the_rest_of_memcacheds_command_line() {
     }
     let out = Command::new(SERVER_BIN).arg("-V").output().unwrap();
     assert!(out.status.success() && text(&out.stdout).starts_with("kura-server "), "{out:?}");
+    // -i: the licence, and nothing started (memcached prints its own and exits 0 too).
+    let out = Command::new(SERVER_BIN).arg("-i").arg("--path").arg(tmp.path().join("never.kura")).output().unwrap();
+    assert!(out.status.success() && text(&out.stdout).contains("MIT License") && text(&out.stdout).contains("Apache License"), "{out:?}");
+    assert!(!tmp.path().join("never.kura").exists(), "-i opens no store");
+    if let Ok(memcached) = kura_testkit::require_cmd("memcached") {
+        assert!(Command::new(memcached).arg("-i").stdout(Stdio::null()).status().unwrap().success());
+    }
 }

@@ -21,6 +21,10 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.serve.license {
+        print!("{}", kura_server::cli::LICENSE_NOTICE);
+        return Ok(());
+    }
     let default = match cli.verbose {
         0 => "info",
         1 => "debug",
