@@ -702,6 +702,13 @@ impl Worker {
                 // The client is done sending: answer what it sent, then close.
                 conn.readable = false;
                 conn.eof = true;
+                if let Some(tls) = conn.tls.as_ref()
+                    && tls.is_handshaking()
+                    && let Some(server_tls) = &self.shared.sources.tls
+                {
+                    // Gone before the session was up: memcached counts it as a failed handshake.
+                    server_tls.count_handshake_error();
+                }
                 ReadResult::Drained
             }
             Ok(n) => {

@@ -200,8 +200,8 @@ fn replies_through_tls_are_memcacheds() {
     }
 }
 
-/// A client that does not speak TLS gets no reply, the failure is counted, and others are
-/// served; the same with memcached.
+/// A client that does not speak TLS gets no reply, the failure is counted (and a client that
+/// leaves before its handshake), and others are served; the same with memcached.
 #[test]
 fn plain_clients_fail_the_handshake() {
     let certs = try_or_skip!(Certs::make());
@@ -217,6 +217,10 @@ fn plain_clients_fail_the_handshake() {
         let got = plain.read_to_close().unwrap_or_default();
         assert!(!String::from_utf8_lossy(&got).contains("VERSION"), "{name}: a plain client was answered");
         assert!(eventually(Duration::from_secs(5), || errors(&client) > before), "{name}: ssl_handshake_errors");
+        // A client that leaves before the handshake is counted too.
+        let before = errors(&client);
+        drop(TcpStream::connect(("127.0.0.1", port)).unwrap());
+        assert!(eventually(Duration::from_secs(5), || errors(&client) > before), "{name}: a client gone before the handshake");
         assert_eq!(transcript(port, &client, b"set k 0 0 1\r\nv\r\n"), "STORED\r\n", "{name}");
     }
 }
