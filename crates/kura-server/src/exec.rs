@@ -831,10 +831,7 @@ fn new_cas_refused(ctx: &mut Ctx<'_>, flags: &MetaFlags<'_>, error: ErrorKind) -
     if ctx.store.cas_enabled() || flags.new_cas().is_none() {
         return false;
     }
-    ctx.out.push_with(|out| {
-        out.extend_from_slice(error.reply().as_bytes());
-        out.extend_from_slice(b"\r\n");
-    });
+    ctx.out.push_with(|out| encode::error(out, error));
     true
 }
 

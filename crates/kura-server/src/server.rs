@@ -157,7 +157,7 @@ impl Server {
     pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
         config.validate().map_err(ServerError::Config)?;
         // The certificate is loaded before anything else, so that a bad one stops the start.
-        let tls = config.tls.enabled.then(|| crate::tls::ServerTls::new(config.tls.clone()).map(Arc::new)).transpose().map_err(ServerError::Tls)?;
+        let tls = config.tls.enabled.then(|| crate::tls::ServerTls::new(&config.tls).map(Arc::new)).transpose().map_err(ServerError::Tls)?;
         let store = open_store(config)?;
         let instance_id = crate::stats::new_instance_id();
         publish_changes(&store, &config.path, instance_id);

@@ -106,7 +106,6 @@ impl TlsSettings {
 
 /// The running server's TLS: the configuration new connections get and its counters.
 pub struct ServerTls {
-    pub settings: TlsSettings,
     options: ServerTlsOptions,
     config: RwLock<Arc<ServerConfig>>,
     /// When the certificate was last loaded (`time_since_server_cert_refresh`).
@@ -117,10 +116,10 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Loads the certificate and key: every problem is an error before the server listens.
-    pub fn new(settings: TlsSettings) -> Result<Self, String> {
+    pub fn new(settings: &TlsSettings) -> Result<Self, String> {
         let options = settings.options()?;
         let config = kura_tls::server_config(&options).map_err(|e| e.to_string())?;
-        Ok(Self { settings, options, config: RwLock::new(config), loaded: Mutex::new(Instant::now()), handshake_errors: AtomicU64::new(0) })
+        Ok(Self { options, config: RwLock::new(config), loaded: Mutex::new(Instant::now()), handshake_errors: AtomicU64::new(0) })
     }
 
     /// A new connection's session.

@@ -170,6 +170,11 @@ impl Conn {
         }
     }
 
+    /// A TLS connection whose handshake has not finished.
+    fn handshaking(&self) -> bool {
+        self.tls.as_ref().is_some_and(|tls| tls.is_handshaking())
+    }
+
     /// Every reply is with the kernel: none queued, and no ciphertext left in the session.
     fn output_drained(&self) -> bool {
         self.out.is_empty() && self.tls.as_ref().is_none_or(|tls| !tls.write_pending())
@@ -702,13 +707,8 @@ impl Worker {
                 // The client is done sending: answer what it sent, then close.
                 conn.readable = false;
                 conn.eof = true;
-                if let Some(tls) = conn.tls.as_ref()
-                    && tls.is_handshaking()
-                    && let Some(server_tls) = &self.shared.sources.tls
-                {
-                    // Gone before the session was up: memcached counts it as a failed handshake.
-                    server_tls.count_handshake_error();
-                }
+                // Gone before the session was up: memcached counts it as a failed handshake.
+                count_if_handshaking(conn, self.shared.sources.tls.as_deref());
                 ReadResult::Drained
             }
             Ok(n) => {
@@ -731,13 +731,8 @@ impl Worker {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data,
             Err(error) => {
-                if let Some(tls) = conn.tls.as_ref()
-                    && tls.is_handshaking()
-                {
+                if count_if_handshaking(conn, self.shared.sources.tls.as_deref()) {
                     tracing::debug!(%error, "TLS handshake failed");
-                    if let Some(server_tls) = &self.shared.sources.tls {
-                        server_tls.count_handshake_error();
-                    }
                 }
                 self.close(index, "error");
                 ReadResult::Closed
@@ -1085,8 +1080,8 @@ impl Worker {
         }
         if reason != "error"
             && !conn.lingering
+            && !conn.handshaking()
             && let Some(tls) = conn.tls.as_mut()
-            && !tls.is_handshaking()
         {
             // close_notify, if the socket takes it at once.
             tls.close(&mut conn.stream);
@@ -1101,6 +1096,16 @@ impl Worker {
             .curr_connections
             .fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Counts a TLS connection that ended or failed before its handshake did in
+/// `ssl_handshake_errors` (as memcached counts it); whether it was one.
+fn count_if_handshaking(conn: &Conn, server_tls: Option<&crate::tls::ServerTls>) -> bool {
+    let handshaking = conn.handshaking();
+    if handshaking && let Some(server_tls) = server_tls {
+        server_tls.count_handshake_error();
+    }
+    handshaking
 }
 
 enum Discarded {
