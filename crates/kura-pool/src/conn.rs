@@ -435,10 +435,17 @@ fn memcache_handshake(buf: &[u8], text_only: bool) -> Result<Option<(String, Dia
 fn read_more(stream: &mut NodeStream, buf: &mut Vec<u8>) -> Result<(), String> {
     const HANDSHAKE_REPLY_MAX: usize = 4 << 20;
     let mut chunk = [0u8; 16 << 10];
-    let n = stream.read(&mut chunk).map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no answer to the handshake in time".to_owned(),
-        _ => format!("handshake: {e}"),
-    })?;
+    // A signal to the host program (a timer's, a child's) ends a read that has a receive
+    // timeout with EINTR even under SA_RESTART (signal(7)): it is no answer from the node, so
+    // the read is made again, without counting the wait it cut towards the timeout.
+    let n = loop {
+        match stream.read(&mut chunk) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Err("no answer to the handshake in time".to_owned()),
+            Err(e) => return Err(format!("handshake: {e}")),
+            Ok(n) => break n,
+        }
+    };
     if n == 0 {
         return Err("the node closed the connection during the handshake".into());
     }
@@ -472,4 +479,69 @@ pub(crate) fn cluster_slots(addr: &str, credentials: Option<&Credentials>, timeo
         return Err(format!("CLUSTER SLOTS: {}", String::from_utf8_lossy(e)));
     }
     crate::cluster::parse_slots(&reply, addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use std::os::unix::thread::JoinHandleExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    extern "C" fn ignore_signal(_: libc::c_int) {}
+
+    /// A host program's signals (qemu-img's timers, a shell's SIGCHLD) arrive while the pool
+    /// waits for a node's handshake reply; the connection must still be made. This once failed
+    /// `lseek(SEEK_DATA)` under the preload with "handshake: Interrupted system call".
+    #[test]
+    fn signals_during_the_handshake_do_not_fail_the_connection() {
+        // SAFETY: a handler that does nothing, installed without SA_RESTART, so that a blocked
+        // read returns EINTR as in a program whose handlers do not ask for restarts; the
+        // sigaction struct is zeroed and then filled as sigaction(2) documents.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore_signal as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()), 0);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let node = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 256];
+            while !request.ends_with(b"stats\r\n") {
+                let n = stream.read(&mut chunk).unwrap();
+                assert!(n > 0);
+                request.extend_from_slice(&chunk[..n]);
+            }
+            // A slow node: the client sits in its read while the signals come.
+            std::thread::sleep(Duration::from_millis(400));
+            stream.write_all(b"VERSION 1.6.18\r\nMN\r\nSTAT pid 7\r\nSTAT uptime 3\r\nEND\r\n").unwrap();
+        });
+        let done = Arc::new(AtomicBool::new(false));
+        let addr = path.to_str().unwrap().to_owned();
+        let client = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let result = connect(&addr, Backend::Memcached, false, None, Duration::from_secs(5));
+                done.store(true, Ordering::SeqCst);
+                result.map(|(_, (wire, _))| wire)
+            })
+        };
+        let thread = client.as_pthread_t();
+        let mut sent = 0;
+        while !done.load(Ordering::SeqCst) {
+            // SAFETY: the client thread is joined only below, so its pthread_t is live here.
+            unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let wire = client.join().unwrap().expect("the handshake survives the signals");
+        assert_eq!(wire, Wire::Memcache(Dialect::Meta));
+        assert!(sent > 10, "signals were sent while the handshake waited ({sent})");
+        node.join().unwrap();
+    }
 }

@@ -27,8 +27,14 @@ impl NodeStream {
     /// for TCP.
     pub fn connect(addr: &str, timeout: Duration) -> io::Result<Self> {
         if is_unix_addr(addr) {
-            // A Unix connect does not wait for the other side: it succeeds or fails at once.
-            let stream = crate::fd::keep_high(UnixStream::connect(addr)?);
+            // A Unix connect does not wait for the other side: it succeeds or fails at once,
+            // unless a signal to the host program cuts it short (then it is made again).
+            let stream = loop {
+                match UnixStream::connect(addr) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    other => break crate::fd::keep_high(other?),
+                }
+            };
             return Ok(Self::Unix(stream));
         }
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
