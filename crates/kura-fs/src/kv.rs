@@ -1274,6 +1274,9 @@ fn connect_stream(node: &NodeSpec) -> Result<NodeStream> {
     let mut stream = NodeStream::connect(addr, Duration::from_millis(META_CONNECT_TIMEOUT_MS)).map_err(io)?;
     stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
     stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
+    if let Some(tls) = &node.tls {
+        stream = stream.start_tls(addr, tls).map_err(|e| FsError::Io(format!("{addr}: TLS handshake: {e}")))?;
+    }
     if let Some(credentials) = &node.credentials {
         kura_pool::authenticate(&mut stream, node.backend, credentials).map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
     }
@@ -1291,6 +1294,9 @@ struct MetaConn {
     ask_changes: bool,
     changes_pending: bool,
     changes: Option<(String, u64)>,
+    /// memcached over TLS: each request of a batch is sent in TLS records of its own (see
+    /// [`MetaConn::send_batch`]).
+    record_per_request: bool,
 }
 
 impl MetaConn {
@@ -1300,7 +1306,24 @@ impl MetaConn {
         let addr = &node.addrs[0];
         let stream = connect_stream(node)?;
         let writer = stream.try_clone().map_err(|e| FsError::Io(format!("{addr}: {e}")))?;
-        Ok(Self { reader: BufReader::new(kura_pool::fd::SpinningReader::new(stream, spin)), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None })
+        let record_per_request = stream.is_tls() && node.backend == Backend::Memcached;
+        Ok(Self { reader: BufReader::new(kura_pool::fd::SpinningReader::new(stream, spin)), writer, line: String::new(), node: addr.to_owned(), ask_changes, changes_pending: false, changes: None, record_per_request })
+    }
+
+    /// Pipelined requests, `ends` where each ends. memcached reads a TLS connection with one
+    /// `SSL_read` of what it needs and then waits for the socket, so a TLS record that runs on
+    /// into the next request would leave that request inside OpenSSL, unseen: to memcached
+    /// over TLS each request goes in a write (and so in TLS records) of its own.
+    fn send_batch(&mut self, requests: &[u8], ends: &[usize]) -> Result<()> {
+        if !self.record_per_request {
+            return self.send(requests, None);
+        }
+        let mut start = 0;
+        for &end in ends {
+            self.send(&requests[start..end], None)?;
+            start = end;
+        }
+        Ok(())
     }
 
     fn io(&self, e: std::io::Error) -> FsError {
@@ -1413,12 +1436,14 @@ impl MetaConn {
     /// `mg` of every key in one write, then their replies in order.
     fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Versioned>> {
         let mut requests = Vec::with_capacity(keys.iter().map(|k| k.len() + 10).sum());
+        let mut ends = Vec::with_capacity(keys.len());
         for key in keys {
             requests.extend_from_slice(b"mg ");
             requests.extend_from_slice(key);
             requests.extend_from_slice(b" v c\r\n");
+            ends.push(requests.len());
         }
-        self.send(&requests, None)?;
+        self.send_batch(&requests, &ends)?;
         self.read_replies(keys.len(), |c, _| c.read_get_reply())
     }
 
@@ -1451,10 +1476,11 @@ impl MetaConn {
     /// `ms` of `key` and `mg` of `also` in one send, then both replies.
     fn set_and_get(&mut self, key: &[u8], value: &[u8], cond: Cond, also: &[u8]) -> Result<(Option<u64>, AlsoRead)> {
         let mut requests = set_request(key, value, cond);
+        let set_end = requests.len();
         requests.extend_from_slice(b"mg ");
         requests.extend_from_slice(also);
         requests.extend_from_slice(b" v c\r\n");
-        self.send(&requests, None)?;
+        self.send_batch(&requests, &[set_end, requests.len()])?;
         let mut replies = self.read_replies(2, |c, i| if i == 0 { c.read_set_reply().map(|v| (v, None)) } else { c.read_get_reply().map(|r| (None, Some(r.map(|(value, _)| value)))) })?;
         let (_, read) = replies.pop().expect("two replies");
         let (version, _) = replies.pop().expect("two replies");
@@ -1466,13 +1492,15 @@ impl MetaConn {
     /// request ([`SideConn::write_many`] sends such a batch one write at a time).
     fn write_many(&mut self, writes: &[WriteOp]) -> Result<Vec<Option<u64>>> {
         let mut requests = Vec::new();
+        let mut ends = Vec::with_capacity(writes.len());
         for write in writes {
             match *write {
                 WriteOp::Put(key, value, cond) => requests.extend(set_request(key, value, cond)),
                 WriteOp::Delete(key, cond) => requests.extend(delete_request(key, cond)),
             }
+            ends.push(requests.len());
         }
-        self.send(&requests, None)?;
+        self.send_batch(&requests, &ends)?;
         self.read_replies(writes.len(), |c, i| match writes[i] {
             WriteOp::Put(..) => c.read_set_reply(),
             WriteOp::Delete(_, cond) => c.read_delete_reply(cond).map(|deleted| deleted.then_some(0)),

@@ -189,3 +189,66 @@ fn a_node_that_asks_for_credentials_gets_the_urls() {
         assert!(e.contains("authenticat"), "{e}");
     }
 }
+
+/// Two memcached nodes that speak only TLS and want client certificates (`-Z`,
+/// `ssl_verify_mode=2`), reached as `memcached+tls://` with the CA and a client certificate:
+/// the pool's connections and the file system's own metadata connections (compare-and-swap,
+/// locks) all speak TLS; files written by one file system are read back by a second.
+#[test]
+fn a_file_system_on_tls_nodes() {
+    let certs = match kura_testkit::TestCerts::make() {
+        Ok(certs) => certs,
+        Err(reason) => return kura_testkit::skip(&reason),
+    };
+    let options = format!("ssl_chain_cert={},ssl_key={},ssl_ca_cert={},ssl_verify_mode=2", certs.arg("server.pem"), certs.arg("server-key.pem"), certs.arg("ca.pem"));
+    let tls = ["-Z", "-o", options.as_str()];
+    let (Some(a), Some(b)) = (memcached_with(64, &tls), memcached_with(64, &tls)) else { return };
+    let query = format!("ca={}&cert={}&key={}", certs.arg("ca.pem"), certs.arg("client.pem"), certs.arg("client-key.pem"));
+    let open = || {
+        let urls = [format!("memcached+tls://localhost:{}?{query}", a.1), format!("memcached+tls://localhost:{}?{query}", b.1)];
+        let pool = Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool");
+        let kv = Arc::new(PoolKv::new(pool).expect("memcached nodes are accepted"));
+        Fs::open(kv, FsConfig { name: "tls".into(), ..FsConfig::default() }, Owner { uid: 0, gid: 0 }).expect("open over TLS")
+    };
+    // A pipelined batch of metadata gets and writes far larger than a TLS record.
+    {
+        let urls = [format!("memcached+tls://localhost:{}?{query}", a.1), format!("memcached+tls://localhost:{}?{query}", b.1)];
+        let kv = PoolKv::new(Pool::open(PoolConfig::from_urls(&urls).expect("pool urls")).expect("open pool")).expect("memcached nodes");
+        let keys: Vec<Vec<u8>> = (0..1000).map(|i| format!("batch/{}/{i}", "k".repeat(100)).into_bytes()).collect();
+        for (i, key) in keys.iter().enumerate().filter(|(i, _)| i % 3 != 0) {
+            kv.put_cond(key, &vec![i as u8; i % 300 * 40], Cond::Always).expect("put").expect("written");
+        }
+        let batched = kv.get_versioned_many(&keys).expect("batched get over TLS");
+        for (i, got) in batched.iter().enumerate() {
+            assert_eq!(got.as_ref().map(|(value, _)| value.clone()), (i % 3 != 0).then(|| vec![i as u8; i % 300 * 40]), "key {i}");
+        }
+    }
+    let owner = Owner { uid: 0, gid: 0 };
+    let fs = open();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    for name in [&b"a"[..], b"b", b"c"] {
+        let (inode, _) = fs.create(kura_fs::ROOT_INO, name, libc::S_IFREG | 0o644, 0, b"", owner, true).expect("create");
+        let node = fs.open_node_created(&inode).expect("open");
+        fs.write(&node, 0, &data, kura_fs::WriteMode::Buffered).expect("write");
+        fs.fsync(&node).expect("fsync");
+        fs.release(&node).expect("close");
+    }
+    fs.rename(kura_fs::ROOT_INO, b"c", kura_fs::ROOT_INO, b"d", kura_fs::RenameFlags::default()).expect("rename");
+    drop(fs);
+    let again = open();
+    let mut names: Vec<_> = again.readdir(kura_fs::ROOT_INO).expect("readdir").into_iter().map(|e| e.name).filter(|n| n != b"." && n != b"..").collect();
+    names.sort();
+    assert_eq!(names, [b"a".to_vec(), b"b".to_vec(), b"d".to_vec()]);
+    let (_, inode) = again.lookup_inode(kura_fs::ROOT_INO, b"d").expect("lookup").expect("d exists");
+    assert_eq!(inode.size, data.len() as u64);
+    let node = again.open_node_reading(&inode).expect("open");
+    let mut back = vec![0u8; data.len()];
+    let mut at = 0;
+    while at < back.len() {
+        let n = again.read(&node, at as u64, &mut back[at..]).expect("read");
+        assert!(n > 0, "short file");
+        at += n;
+    }
+    assert!(back == data, "the file came back changed");
+    again.release(&node).expect("close");
+}

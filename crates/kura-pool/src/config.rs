@@ -10,7 +10,15 @@
 //! redis://host[:port][?weight=N&replicas=N]                          one redis-server / Valkey
 //! redis+cluster://host:port[,host:port...][?replicas=N]             a Redis Cluster, from seed nodes
 //! embedded:PATH[?size=1G]                                            an in-process engine (alone)
+//! kura+tls://host[:port][?ca=PATH&cert=PATH&key=PATH&sni=NAME&...]   TLS to a kura serve -Z
+//! memcached+tls://host[:port][?ca=...]                               TLS to a memcached -Z
+//! rediss://host[:port][?ca=...]                                      TLS to a redis-server --tls-port
 //! ```
+//!
+//! Over TLS the server's certificate is checked against `ca` (the system's CA bundle,
+//! [`kura_tls::SYSTEM_CA_FILE`], when not given) for the host's name (or `sni`); `cert` (and
+//! `key`, when not in the same file) is the client certificate for a server that asks for one
+//! (memcached's `ssl_verify_mode`, Redis' `tls-auth-clients`).
 //!
 //! `USER:PASSWORD@` (percent-encoded) before a host or a socket path (`kura://u:p@/PATH`)
 //! authenticates each connection: to a kura server or memcached started with `-Y` (ASCII
@@ -142,7 +150,43 @@ pub struct NodeSpec {
     pub text_protocol: bool,
     /// `USER:PASSWORD@` of the URL.
     pub credentials: Option<Credentials>,
+    /// TLS (`kura+tls://`, `memcached+tls://`, `rediss://`).
+    pub tls: Option<TlsSpec>,
 }
+
+/// How a node's connections speak TLS: the client configuration, built once (its files read
+/// when the URL is parsed), from these options.
+#[derive(Clone)]
+pub struct TlsSpec {
+    pub options: kura_tls::ClientTlsOptions,
+    /// The name the server's certificate must carry (`sni=`; else the URL's host).
+    pub server_name: Option<String>,
+    pub config: std::sync::Arc<kura_tls::rustls::ClientConfig>,
+}
+
+impl TlsSpec {
+    fn new(options: kura_tls::ClientTlsOptions, server_name: Option<String>) -> Result<Self, String> {
+        if let Some(name) = &server_name {
+            kura_tls::server_name(name).map_err(|e| e.to_string())?;
+        }
+        let config = kura_tls::client_config(&options).map_err(|e| e.to_string())?;
+        Ok(Self { options, server_name, config })
+    }
+}
+
+impl std::fmt::Debug for TlsSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSpec").field("options", &self.options).field("server_name", &self.server_name).finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for TlsSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.options == other.options && self.server_name == other.server_name
+    }
+}
+
+impl Eq for TlsSpec {}
 
 impl NodeSpec {
     /// The name used in messages and for placement on the ring (`host:port`).
@@ -159,13 +203,17 @@ impl NodeSpec {
             Some((b, q)) => (b, Some(q)),
             None => (rest, None),
         };
-        let backend = match scheme {
-            "kura" => Backend::Kura,
-            "memcached" | "memcache" => Backend::Memcached,
-            "redis" => Backend::Redis,
-            "redis+cluster" => Backend::RedisCluster,
-            "embedded" => Backend::Embedded,
-            other => return Err(bad(&format!("unknown scheme {other:?}; use kura, memcached, redis, redis+cluster or embedded"))),
+        let (backend, tls) = match scheme {
+            "kura" => (Backend::Kura, false),
+            "memcached" | "memcache" => (Backend::Memcached, false),
+            "redis" => (Backend::Redis, false),
+            "redis+cluster" => (Backend::RedisCluster, false),
+            "embedded" => (Backend::Embedded, false),
+            "kura+tls" => (Backend::Kura, true),
+            "memcached+tls" | "memcache+tls" => (Backend::Memcached, true),
+            "rediss" | "redis+tls" => (Backend::Redis, true),
+            "rediss+cluster" | "redis+cluster+tls" => return Err(bad("a Redis Cluster over TLS is not supported yet (its nodes are reached by the addresses they announce, which a certificate seldom names)")),
+            other => return Err(bad(&format!("unknown scheme {other:?}; use kura, memcached, redis, redis+cluster, embedded, or kura+tls, memcached+tls, rediss"))),
         };
         let mut node = NodeSpec {
             backend,
@@ -177,6 +225,7 @@ impl NodeSpec {
             size_bytes: None,
             text_protocol: false,
             credentials: None,
+            tls: None,
         };
         if backend == Backend::Embedded {
             let path = body.strip_prefix("//").unwrap_or(body);
@@ -212,9 +261,23 @@ impl NodeSpec {
                 return Err(bad("only redis+cluster takes several hosts (list the others as nodes of their own)"));
             }
         }
+        let (mut tls_options, mut server_name) = (kura_tls::ClientTlsOptions::default(), None);
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').ok_or_else(|| bad(&format!("option {pair:?} needs a value")))?;
-            node.set_option(name, value).map_err(|why| bad(&why))?;
+            match name {
+                "ca" | "cert" | "key" | "sni" if !tls => return Err(bad(&format!("option {name:?} is for TLS nodes (kura+tls://, memcached+tls://, rediss://)"))),
+                "ca" => tls_options.ca = Some(PathBuf::from(percent_decode(value).map_err(|why| bad(&why))?)),
+                "cert" => tls_options.cert = Some(PathBuf::from(percent_decode(value).map_err(|why| bad(&why))?)),
+                "key" => tls_options.key = Some(PathBuf::from(percent_decode(value).map_err(|why| bad(&why))?)),
+                "sni" => server_name = Some(value.to_owned()),
+                _ => node.set_option(name, value).map_err(|why| bad(&why))?,
+            }
+        }
+        if tls {
+            if node.addrs.iter().any(|a| crate::stream::is_unix_addr(a)) {
+                return Err(bad("TLS is spoken over TCP only: a Unix socket path takes kura:// or memcached://"));
+            }
+            node.tls = Some(TlsSpec::new(tls_options, server_name).map_err(|why| bad(&why))?);
         }
         Ok(node)
     }
@@ -383,6 +446,7 @@ impl PoolConfig {
             size_bytes: Some(size_bytes),
             text_protocol: false,
             credentials: None,
+            tls: None,
         };
         Self { nodes: vec![node], ..Self::default() }
     }

@@ -6,7 +6,7 @@ use std::io::{self, Read, Write};
 use crate::stream::NodeStream;
 use std::time::{Duration, Instant};
 
-use crate::config::{Backend, Credentials};
+use crate::config::{Backend, Credentials, TlsSpec};
 use crate::instance::Instance;
 use crate::proto::memcache::{self, Dialect};
 use crate::proto::resp::{self, Resp};
@@ -127,8 +127,10 @@ impl Conn {
         }
     }
 
+    /// Request bytes not yet taken by the socket (a TLS connection's ciphertext that waits
+    /// for it counts as one).
     pub fn unsent_bytes(&self) -> usize {
-        self.out.len() - self.out_at
+        self.out.len() - self.out_at + usize::from(self.stream.as_ref().is_some_and(NodeStream::write_pending))
     }
 
     /// Appends a request to the send buffer and remembers it.
@@ -180,10 +182,26 @@ impl Conn {
     }
 
     /// Writes as much of the send buffer as the socket takes. `Err` means the connection broke.
+    ///
+    /// To memcached over TLS each request goes into TLS records of its own, begun only once
+    /// the socket took every earlier record: memcached reads a TLS connection with one
+    /// `SSL_read` of what it needs and then waits for the socket, so a record that runs on
+    /// past the end of what it asked for leaves the rest inside OpenSSL, unseen, and the
+    /// connection stalls (it answered none of a pipelined batch's last requests).
     pub fn write_out(&mut self, stats: &mut IoStats) -> io::Result<()> {
         let Some(stream) = self.stream.as_mut() else { return Ok(()) };
+        let per_request = self.backend == Backend::Memcached && stream.is_tls();
+        if stream.write_pending() {
+            stream.flush_pending()?;
+        }
         while self.out_at < self.out.len() {
-            match stream.write(&self.out[self.out_at..]) {
+            let end = match per_request {
+                false => self.out.len(),
+                // Nothing more while earlier records wait for the socket.
+                true if stream.write_pending() => break,
+                true => self.out_ends.iter().copied().find(|&end| end > self.out_at).unwrap_or(self.out.len()),
+            };
+            match stream.write(&self.out[self.out_at..end]) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took nothing")),
                 Ok(n) => {
                     stats.send_syscalls += 1;
@@ -200,6 +218,9 @@ impl Conn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
+        }
+        if stream.write_pending() {
+            stream.flush_pending()?;
         }
         if self.out_at == self.out.len() {
             self.out.clear();
@@ -281,19 +302,33 @@ pub(crate) type Handshake = (Wire, Option<Instance>);
 
 /// Opens a connection and learns how to talk to the node and which instance of it answers
 /// (blocking, bounded by `timeout`; one round trip).
-pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, credentials: Option<&Credentials>, timeout: Duration) -> Result<(NodeStream, Handshake), String> {
+pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, credentials: Option<&Credentials>, tls: Option<&TlsSpec>, timeout: Duration) -> Result<(NodeStream, Handshake), String> {
     let mut stream = NodeStream::connect(addr, timeout).map_err(|e| format!("connect: {e}"))?;
     let setup = (|| {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))
     })();
     setup.map_err(|e| format!("socket setup: {e}"))?;
+    if let Some(tls) = tls {
+        stream = stream.start_tls(addr, tls).map_err(|e| tls_failure(&e))?;
+    }
     if let Some(credentials) = credentials {
         authenticate(&mut stream, backend, credentials)?;
     }
     let handshake = handshake(&mut stream, addr, backend, text_only)?;
     stream.set_read_timeout(None).and_then(|()| stream.set_write_timeout(None)).map_err(|e| e.to_string())?;
     Ok((stream, handshake))
+}
+
+/// Why a TLS handshake failed, in words a user can act on.
+fn tls_failure(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no answer to the TLS handshake in time (is the node started with TLS, -Z?)".to_owned(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => format!("the node closed the connection during the TLS handshake ({e}; does it ask for a client certificate, cert=?)"),
+        // A plain server's first reply (an `ERROR` line) is no TLS record.
+        io::ErrorKind::InvalidData if e.to_string().contains("InvalidContentType") => format!("TLS handshake: {e} (the node does not speak TLS on this port: is it started with -Z?)"),
+        _ => format!("TLS handshake: {e}"),
+    }
 }
 
 /// A connection's receive buffer at its first read (see [`Conn::inbuf`]).
@@ -471,7 +506,7 @@ pub(crate) fn exchange_resp(stream: &mut NodeStream, request: &[u8]) -> Result<V
 
 /// `CLUSTER SLOTS` from one node (blocking).
 pub(crate) fn cluster_slots(addr: &str, credentials: Option<&Credentials>, timeout: Duration) -> Result<Vec<crate::cluster::SlotRange>, String> {
-    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, credentials, timeout)?;
+    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, credentials, None, timeout)?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let bytes = exchange_resp(&mut stream, b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n")?;
     let (reply, _) = resp::parse_reply(&bytes, 1 << 20)?.ok_or("incomplete CLUSTER SLOTS reply")?;
@@ -526,7 +561,7 @@ mod tests {
         let client = {
             let done = done.clone();
             std::thread::spawn(move || {
-                let result = connect(&addr, Backend::Memcached, false, None, Duration::from_secs(5));
+                let result = connect(&addr, Backend::Memcached, false, None, None, Duration::from_secs(5));
                 done.store(true, Ordering::SeqCst);
                 result.map(|(_, (wire, _))| wire)
             })

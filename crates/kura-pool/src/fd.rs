@@ -82,6 +82,12 @@ impl Epoll {
     }
 }
 
+/// A connection that can be read without waiting ([`crate::stream::NodeStream::read_now`]):
+/// `Some(bytes)` (0: end of stream), or `None` when nothing has come.
+pub trait ReadNow: io::Read {
+    fn read_now(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
+}
+
 /// Reads of a blocking socket that first look for data without sleeping, for up to `spin`
 /// (see [`kura_engine::spin`]), and only then sleep in the kernel's blocking read.
 pub struct SpinningReader<S> {
@@ -89,7 +95,7 @@ pub struct SpinningReader<S> {
     spin: Duration,
 }
 
-impl<S: io::Read + AsRawFd> SpinningReader<S> {
+impl<S: ReadNow> SpinningReader<S> {
     /// `spin` zero: plain blocking reads.
     pub fn new(stream: S, spin: Duration) -> Self {
         Self { stream, spin }
@@ -98,38 +104,30 @@ impl<S: io::Read + AsRawFd> SpinningReader<S> {
     pub fn get_ref(&self) -> &S {
         &self.stream
     }
+
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
 }
 
-impl<S: io::Read + AsRawFd> io::Read for SpinningReader<S> {
+impl<S: ReadNow> io::Read for SpinningReader<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Some(n) = recv_spinning(self.stream.as_raw_fd(), buf, self.spin)? {
+        if let Some(n) = recv_spinning(&mut self.stream, buf, self.spin)? {
             return Ok(n);
         }
         self.stream.read(buf)
     }
 }
 
-/// Looks for data on socket `fd` without blocking for up to `spin` (yielding the CPU between
+/// Looks for data on `stream` without blocking for up to `spin` (yielding the CPU between
 /// looks, and giving up early when it is wanted: [`kura_engine::spin::Spin`]): `Some(bytes
 /// read)` (0: end of stream), or `None` when none came in time. `errno`
 /// is left as it was (the host program of the file system's preload reads it).
-pub fn recv_spinning(fd: RawFd, buf: &mut [u8], spin: Duration) -> io::Result<Option<usize>> {
+pub fn recv_spinning<S: ReadNow>(stream: &mut S, buf: &mut [u8], spin: Duration) -> io::Result<Option<usize>> {
     if spin.is_zero() || buf.is_empty() {
         return Ok(None);
     }
-    keeping_errno(|| {
-        kura_engine::spin::look_for(spin, || {
-            // SAFETY: a receive into `buf`, which is valid for its length and lives across the
-            // call; MSG_DONTWAIT makes it return at once when nothing is there.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return Some(Ok(n as usize));
-            }
-            let error = io::Error::last_os_error();
-            (!matches!(error.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))).then_some(Err(error))
-        })
-        .transpose()
-    })
+    keeping_errno(|| kura_engine::spin::look_for(spin, || stream.read_now(buf).transpose()).transpose())
 }
 
 /// Runs `f`, leaving the calling thread's `errno` as it found it: system calls expected to
@@ -189,16 +187,16 @@ mod tests {
         use std::io::{Read, Write};
         use std::os::unix::net::UnixStream;
         let (mut a, b) = UnixStream::pair().unwrap();
-        let mut reader = SpinningReader::new(b, Duration::from_micros(200));
+        let mut reader = SpinningReader::new(crate::stream::NodeStream::Unix(b), Duration::from_micros(200));
         let mut buf = [0u8; 16];
         // Already there: taken while spinning.
         a.write_all(b"now").unwrap();
-        assert_eq!(recv_spinning(reader.get_ref().as_raw_fd(), &mut buf, Duration::from_micros(200)).unwrap(), Some(3));
+        assert_eq!(recv_spinning(reader.get_mut(), &mut buf, Duration::from_micros(200)).unwrap(), Some(3));
         assert_eq!(&buf[..3], b"now");
         // Nothing comes within the spin: `None`, and errno is what it was.
         // SAFETY: the calling thread's errno.
         unsafe { *libc::__errno_location() = libc::ENOENT };
-        assert_eq!(recv_spinning(reader.get_ref().as_raw_fd(), &mut buf, Duration::from_micros(200)).unwrap(), None);
+        assert_eq!(recv_spinning(reader.get_mut(), &mut buf, Duration::from_micros(200)).unwrap(), None);
         // SAFETY: as above.
         assert_eq!(unsafe { *libc::__errno_location() }, libc::ENOENT);
         // Data that comes long after the spin: the blocking read gets it.
@@ -214,7 +212,7 @@ mod tests {
         assert_eq!(reader.read(&mut buf).unwrap(), 0);
         // Spin zero: a plain blocking read.
         let (mut a, b) = UnixStream::pair().unwrap();
-        let mut plain = SpinningReader::new(b, Duration::ZERO);
+        let mut plain = SpinningReader::new(crate::stream::NodeStream::Unix(b), Duration::ZERO);
         a.write_all(b"x").unwrap();
         assert_eq!(plain.read(&mut buf).unwrap(), 1);
     }

@@ -298,7 +298,7 @@ impl NetContext {
             self.shared.reserve_connection(&conn.addr, spec.max_connections.unwrap_or(config.connections_per_node_max))?;
             conn.reserved = true;
         }
-        match conn::connect(&conn.addr, conn.backend, spec.text_protocol, spec.credentials.as_ref(), config.connect_timeout) {
+        match conn::connect(&conn.addr, conn.backend, spec.text_protocol, spec.credentials.as_ref(), spec.tls.as_ref(), config.connect_timeout) {
             Ok((stream, (wire, instance))) => {
                 stream.set_nonblocking(true)?;
                 self.poll.register(stream.as_raw_fd(), ci as u64, true, true)?;

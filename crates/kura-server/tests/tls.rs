@@ -21,40 +21,20 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 /// A CA, a server certificate for `localhost`/127.0.0.1 and a client certificate it signed,
 /// a second server certificate (for `refresh_certs`), and a client certificate no one signed.
 struct Certs {
-    dir: tempfile::TempDir,
+    files: kura_testkit::TestCerts,
 }
 
 impl Certs {
     fn make() -> Result<Self, String> {
-        require_cmd("openssl")?;
-        let dir = tempfile::tempdir().unwrap();
-        let ssl = |args: &[&str]| {
-            let out = Command::new("openssl").args(args).current_dir(dir.path()).stdin(Stdio::null()).output().unwrap();
-            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        ssl(&[&["req", "-x509"][..], &ec, &["-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/CN=kura test ca", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"]].concat());
-        std::fs::write(dir.path().join("server.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n").unwrap();
-        std::fs::write(dir.path().join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-        for (name, ext, cn) in [("server", "server.ext", "localhost"), ("server2", "server.ext", "localhost"), ("client", "client.ext", "kura client")] {
-            ssl(&[&["req"][..], &ec, &["-keyout", &format!("{name}-key.pem"), "-out", &format!("{name}.csr"), "-subj", &format!("/CN={cn}")]].concat());
-            ssl(&["x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-out", &format!("{name}.pem"), "-days", "2", "-extfile", ext]);
-        }
-        ssl(&[&["req", "-x509"][..], &ec, &["-keyout", "rogue-key.pem", "-out", "rogue.pem", "-days", "2", "-subj", "/CN=rogue", "-addext", "extendedKeyUsage=clientAuth"]].concat());
-        // memcached drops root to the user it runs as only with -u; readable for anyone anyway.
-        for entry in std::fs::read_dir(dir.path()).unwrap() {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(entry.unwrap().path(), std::fs::Permissions::from_mode(0o644)).unwrap();
-        }
-        Ok(Self { dir })
+        Ok(Self { files: kura_testkit::TestCerts::make()? })
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.files.path(name)
     }
 
     fn arg(&self, name: &str) -> String {
-        self.path(name).to_str().unwrap().to_owned()
+        self.files.arg(name)
     }
 
     /// `-o` for the server certificate, with `extra` options.

@@ -18,9 +18,11 @@
 //! }
 //! ```
 
+mod certs;
 mod process;
 mod vm;
 
+pub use certs::TestCerts;
 pub use process::{ChildGuard, build_workspace_packages, free_tcp_port, memcache_stat, require_cmd, spawn_listening, wait_for_tcp};
 pub use vm::{
     VmOptions, VmOutput, ensure_vm, kernel_cache_dir, run_in_vm, vm_available, vm_required,

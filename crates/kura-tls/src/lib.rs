@@ -1,6 +1,7 @@
-//! kura's TLS, shared by the NBD server (`NBD_OPT_STARTTLS`) and the memcached server (`-Z`):
-//! certificate and key files read once at start, a server configuration built from them, and
-//! a TLS session's I/O over a socket the caller polls itself (blocking during an NBD
+//! kura's TLS, shared by the NBD server (`NBD_OPT_STARTTLS`), the memcached server (`-Z`) and
+//! the pool's connections to TLS nodes (`kura+tls://`, `memcached+tls://`, `rediss://`):
+//! certificate and key files read once at start, a server or client configuration built from
+//! them, and a TLS session's I/O over a socket the caller polls itself (blocking during a
 //! handshake, non-blocking otherwise).
 //!
 //! The session is rustls with the ring provider. Two things poll(2) on the socket cannot see
@@ -13,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
-use rustls::{RootCertStore, ServerConfig, ServerConnection};
+use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig, ServerConnection};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 pub use rustls;
 pub use rustls_pki_types;
@@ -48,6 +49,12 @@ pub enum TlsError {
     BadCa { path: PathBuf, detail: String },
     #[error("client certificates are asked for but no CA file says which to accept")]
     NoClientCa,
+    #[error("no CA file to check the server's certificate with: {SYSTEM_CA_FILE} is missing; give one (ca=PATH)")]
+    NoServerCa,
+    #[error("a client certificate needs its key too (cert= and key=, or one file holding both)")]
+    CertWithoutKey,
+    #[error("{name:?} cannot name a TLS server (a DNS name or an IP address): {detail}")]
+    BadServerName { name: String, detail: String },
     #[error("TLS: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -138,6 +145,62 @@ pub fn server_config(options: &ServerTlsOptions) -> Result<Arc<ServerConfig>, Tl
     Ok(Arc::new(config))
 }
 
+/// The CA bundle a client checks servers' certificates against when it is given none
+/// (Debian's, from the `ca-certificates` package).
+pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// What a client's TLS configuration is built from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTlsOptions {
+    /// PEM CA certificates that sign acceptable server certificates ([`SYSTEM_CA_FILE`] when
+    /// not given).
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain, for a server that asks for one (memcached's
+    /// `ssl_verify_mode`); its key is read from `key`, or from the same file.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// Builds a client configuration from PEM files (TLS 1.2 and 1.3, sessions resumed across
+/// connections). Every problem is an error here, not at the first connection.
+pub fn client_config(options: &ClientTlsOptions) -> Result<Arc<ClientConfig>, TlsError> {
+    let ca = match &options.ca {
+        Some(ca) => ca.clone(),
+        None if Path::new(SYSTEM_CA_FILE).exists() => PathBuf::from(SYSTEM_CA_FILE),
+        None => return Err(TlsError::NoServerCa),
+    };
+    let mut roots = RootCertStore::empty();
+    for der in read_certificates(&ca)? {
+        roots.add(der).map_err(|e| TlsError::BadCa { path: ca.clone(), detail: e.to_string() })?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider).with_protocol_versions(rustls::DEFAULT_VERSIONS)?.with_root_certificates(roots);
+    let config = match (&options.cert, &options.key) {
+        (None, None) => builder.with_no_client_auth(),
+        (None, Some(_)) => return Err(TlsError::CertWithoutKey),
+        (Some(cert), key) => {
+            let key = key.as_ref().unwrap_or(cert);
+            let chain = read_certificates(cert)?;
+            let key_der = read_key(key)?;
+            let mut config = builder.with_client_auth_cert(chain, key_der).map_err(|source| TlsError::CertKey { cert: cert.clone(), key: key.clone(), source })?;
+            // An OpenSSL server that checks client certificates and sets no session ID
+            // context (memcached 1.6 -Z with ssl_verify_mode) fails the resumption of a
+            // session with an internal error alert: with a certificate, every connection
+            // makes a full handshake.
+            config.resumption = rustls::client::Resumption::disabled();
+            config
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The name a client checks the server's certificate for: `host` of `host:port` (an IP
+/// address is checked against the certificate's IP addresses).
+pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsError> {
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    ServerName::try_from(bare.to_owned()).map_err(|e| TlsError::BadServerName { name: host.to_owned(), detail: e.to_string() })
+}
+
 fn read_pem_file(path: &Path) -> Result<Vec<u8>, TlsError> {
     let file = std::fs::File::open(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })?;
     let mut bytes = Vec::new();
@@ -186,31 +249,52 @@ impl<S: Read + Write> Write for TlsWriter<'_, S> {
     }
 }
 
-/// One connection's TLS session. The socket is passed to each call (it stays the
-/// connection's, so that the plain path needs no indirection).
+/// One connection's TLS session, a server's or a client's. The socket is passed to each call
+/// (it stays the connection's, so that the plain path needs no indirection).
 pub struct TlsSession {
-    conn: ServerConnection,
+    conn: Connection,
     /// A write to the socket failed for good: what is still buffered will never go, and
     /// must not keep the connection waiting for it.
     broken: bool,
 }
 
 impl TlsSession {
+    /// A server's session, for a client that just connected.
     pub fn new(config: &Arc<ServerConfig>) -> io::Result<Self> {
-        let mut conn = ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
-        conn.set_buffer_limit(Some(SEND_BUFFER_BYTES_MAX));
-        Ok(Self { conn, broken: false })
+        let conn = ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+        Ok(Self::of(Connection::Server(conn)))
     }
 
-    /// Runs the TLS handshake to its end over a blocking socket (its timeouts bound it).
+    /// A client's session with the server `name` (see [`server_name`]).
+    pub fn client(config: &Arc<ClientConfig>, name: ServerName<'static>) -> io::Result<Self> {
+        let conn = ClientConnection::new(Arc::clone(config), name).map_err(io::Error::other)?;
+        Ok(Self::of(Connection::Client(conn)))
+    }
+
+    fn of(mut conn: Connection) -> Self {
+        conn.set_buffer_limit(Some(SEND_BUFFER_BYTES_MAX));
+        Self { conn, broken: false }
+    }
+
+    /// Runs the TLS handshake to its end over a blocking socket (its timeouts bound it). A
+    /// signal that cuts a read or write short (EINTR) does not end it.
     pub fn handshake<S: Read + Write>(&mut self, sock: &mut S) -> io::Result<()> {
+        let peer = if matches!(self.conn, Connection::Server(_)) { "client" } else { "server" };
         while self.conn.is_handshaking() {
-            let (read, written) = self.conn.complete_io(sock)?;
+            let (read, written) = match self.conn.complete_io(sock) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => other?,
+            };
             if read == 0 && written == 0 && self.conn.is_handshaking() {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the client left during the TLS handshake"));
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("the {peer} left during the TLS handshake")));
             }
         }
-        self.flush(sock)
+        loop {
+            match self.flush(sock) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                other => return other,
+            }
+        }
     }
 
     /// Reads plaintext into `buf`. On a non-blocking socket it reads until `buf` is full or
@@ -307,6 +391,26 @@ impl TlsSession {
         match self.conn.process_new_packets() {
             Ok(state) => state.plaintext_bytes_to_read() > 0 || state.peer_has_closed(),
             Err(_) => true,
+        }
+    }
+
+    /// Takes the ciphertext a non-blocking socket holds into the session without reading
+    /// plaintext out (for a look at an idle connection): `Ok(0)` when the peer closed (with
+    /// `close_notify` or not), `Ok(n)` when `n` bytes of plaintext wait, `WouldBlock` when
+    /// nothing does (records that carry no data, as TLS 1.3's session tickets, are taken in).
+    pub fn peek<S: Read + Write>(&mut self, sock: &mut S) -> io::Result<usize> {
+        loop {
+            match self.conn.process_new_packets() {
+                Ok(state) if state.plaintext_bytes_to_read() > 0 => return Ok(state.plaintext_bytes_to_read()),
+                Ok(state) if state.peer_has_closed() => return Ok(0),
+                Ok(_) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+            match self.conn.read_tls(sock) {
+                Ok(0) => return Ok(0),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 

@@ -22,7 +22,6 @@
 //! I/O error (the caller drops the connection), never a panic.
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use kura_pool::NodeSpec;
 use kura_pool::stream::NodeStream;
 use std::time::{Duration, Instant};
@@ -175,7 +174,7 @@ impl RespConn {
             if Instant::now() >= deadline {
                 return Err(self.io(format_args!("no whole reply within {META_IO_TIMEOUT_MS} ms")));
             }
-            let got = match kura_pool::fd::recv_spinning(self.stream.as_raw_fd(), &mut chunk, self.spin) {
+            let got = match kura_pool::fd::recv_spinning(&mut self.stream, &mut chunk, self.spin) {
                 Ok(Some(n)) => Ok(n),
                 Ok(None) => self.stream.read(&mut chunk),
                 Err(e) => Err(e),
