@@ -1275,7 +1275,7 @@ fn connect_stream(node: &NodeSpec) -> Result<NodeStream> {
     stream.set_read_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
     stream.set_write_timeout(Some(Duration::from_millis(META_IO_TIMEOUT_MS))).map_err(io)?;
     if let Some(tls) = &node.tls {
-        stream = stream.start_tls(addr, tls).map_err(|e| FsError::Io(format!("{addr}: TLS handshake: {e}")))?;
+        stream = stream.start_tls(addr, tls).map_err(|e| FsError::Io(format!("{addr}: {}", kura_pool::tls_failure(&e))))?;
     }
     if let Some(credentials) = &node.credentials {
         kura_pool::authenticate(&mut stream, node.backend, credentials).map_err(|e| FsError::Io(format!("{addr}: {e}")))?;

@@ -219,9 +219,6 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
-        if stream.write_pending() {
-            stream.flush_pending()?;
-        }
         if self.out_at == self.out.len() {
             self.out.clear();
             self.out_at = 0;
@@ -320,8 +317,9 @@ pub(crate) fn connect(addr: &str, backend: Backend, text_only: bool, credentials
     Ok((stream, handshake))
 }
 
-/// Why a TLS handshake failed, in words a user can act on.
-fn tls_failure(e: &io::Error) -> String {
+/// Why a TLS handshake failed, in words a user can act on (the pool's connections and the
+/// file system's own alike).
+pub fn tls_failure(e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no answer to the TLS handshake in time (is the node started with TLS, -Z?)".to_owned(),
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => format!("the node closed the connection during the TLS handshake ({e}; does it ask for a client certificate, cert=?)"),

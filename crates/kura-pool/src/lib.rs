@@ -55,7 +55,7 @@ pub mod stream;
 
 pub use cluster::slot as cluster_slot;
 pub use config::{Backend, Credentials, FlushMode, NodeSpec, PoolConfig, parse_size, redact_url};
-pub use conn::{NEEDS_CREDENTIALS, authenticate};
+pub use conn::{NEEDS_CREDENTIALS, authenticate, tls_failure};
 pub use error::{Error, Result};
 pub use key::{BLOCK_KEY_BYTES, KEY_SIZE_BYTES_MAX, block_key, is_zeros};
 pub use pool::{Completion, Context, Outcome, Pool, Waker};

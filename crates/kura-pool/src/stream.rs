@@ -228,7 +228,7 @@ impl NodeStream {
     pub fn flush_pending(&mut self) -> io::Result<()> {
         match self {
             Self::Tls(s) => match s.session().flush(&mut &s.sock) {
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
                 other => other,
             },
             _ => Ok(()),

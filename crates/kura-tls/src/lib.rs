@@ -289,12 +289,7 @@ impl TlsSession {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("the {peer} left during the TLS handshake")));
             }
         }
-        loop {
-            match self.flush(sock) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                other => return other,
-            }
-        }
+        self.flush(sock)
     }
 
     /// Reads plaintext into `buf`. On a non-blocking socket it reads until `buf` is full or
@@ -356,13 +351,17 @@ impl TlsSession {
     }
 
     /// Writes the ciphertext the session holds until none is left or the socket is full
-    /// (`WouldBlock`).
+    /// (`WouldBlock`; a write a signal cut short is made again).
     pub fn flush<S: Read + Write>(&mut self, sock: &mut S) -> io::Result<()> {
         while self.write_pending() {
             match self.conn.write_tls(sock) {
                 Ok(0) => return self.fail(io::Error::new(io::ErrorKind::WriteZero, "the socket took no TLS bytes")),
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => return Err(e),
+                // No byte went: the write is made again (returning EINTR here would lose
+                // count of the plaintext `write_vectored` already took, and a caller's retry
+                // would send it twice).
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
                 Err(e) => return self.fail(e),
             }
         }
