@@ -219,8 +219,9 @@ pub fn execute(ctx: &mut Ctx<'_>, request: Request<'_>, raw: &[u8]) -> Flow {
             Some(Ok(())) => reply(ctx, Reply::Ok, noreply),
             Some(Err(error)) => {
                 tracing::warn!(%error, "refresh_certs failed; the certificate loaded before stays in use");
+                // One line, whatever the message holds (a path may hold a line break).
                 ctx.out.push_with(|out| {
-                    out.extend_from_slice(error.as_bytes());
+                    out.extend(error.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
                     out.extend_from_slice(b"\r\n");
                 });
             }

@@ -197,10 +197,17 @@ fn plain_clients_fail_the_handshake() {
         let got = plain.read_to_close().unwrap_or_default();
         assert!(!String::from_utf8_lossy(&got).contains("VERSION"), "{name}: a plain client was answered");
         assert!(eventually(Duration::from_secs(5), || errors(&client) > before), "{name}: ssl_handshake_errors");
-        // A client that leaves before the handshake is counted too.
+        // A client that leaves before the handshake is counted too. memcached counts it or
+        // not depending on when its worker first reads the closed socket (it missed it in 2 of
+        // 6 runs beside this file's other tests), so only kura's count is held to it.
         let before = errors(&client);
         drop(TcpStream::connect(("127.0.0.1", port)).unwrap());
-        assert!(eventually(Duration::from_secs(5), || errors(&client) > before), "{name}: a client gone before the handshake");
+        let counted = eventually(Duration::from_secs(5), || errors(&client) > before);
+        if name == "kura" {
+            assert!(counted, "{name}: a client gone before the handshake");
+        } else if !counted {
+            println!("{name} did not count a client gone before the handshake this time");
+        }
         assert_eq!(transcript(port, &client, b"set k 0 0 1\r\nv\r\n"), "STORED\r\n", "{name}");
     }
 }
@@ -352,6 +359,14 @@ fn refresh_certs_loads_the_files_again() {
     assert!(ours.contains("live.pem") && ours.ends_with("\r\n") && ours.lines().count() == 1, "{ours:?}");
     assert!(server_cert(kura.port) == pem_der("server2"));
     assert!(stats(kura.port, &client, "")["time_since_server_cert_refresh"].parse::<u64>().is_ok());
+    // A line break in the file's name does not break the reply in two lines.
+    let odd_cert = certs.path("odd\r\nEND.pem");
+    std::fs::copy(certs.path("server.pem"), &odd_cert).unwrap();
+    let odd = Kura::start(&["-Z", "-o", &format!("ssl_chain_cert={},ssl_key={}", odd_cert.display(), certs.path("server-key.pem").display())]);
+    std::fs::write(&odd_cert, "not a certificate\n").unwrap();
+    let reply = transcript(odd.port, &client, b"refresh_certs\r\nversion\r\n");
+    let lines: Vec<&str> = reply.split_terminator("\r\n").collect();
+    assert!(lines.len() == 2 && lines[0].starts_with(PREFIX) && lines[0].contains("odd") && lines[1].starts_with("VERSION "), "{reply:?}");
 }
 
 /// `-l notls:ADDR:PORT` stays plain under -Z while the other listeners speak TLS.
