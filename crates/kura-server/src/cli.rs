@@ -129,9 +129,10 @@ pub struct ServeArgs {
     /// certificate comes from -o ssl_chain_cert=FILE (PEM, the server's certificate first)
     /// and ssl_key=FILE (PEM; the chain's file when not given); -o ssl_ca_cert=FILE with
     /// ssl_verify_mode=1 (ask for client certificates) or 2 (require them) checks clients';
-    /// ssl_min_version=3 allows TLS 1.3 only (TLS 1.2 and 1.3 otherwise); ssl_session_cache
-    /// lets clients resume sessions. `refresh_certs` reloads the files. Unix sockets stay
-    /// plain.
+    /// ssl_min_version=3 allows TLS 1.3 only (TLS 1.2 and 1.3 otherwise); ssl_ciphers=LIST
+    /// (OpenSSL's syntax, e.g. ECDHE+AESGCM:!aRSA) chooses TLS 1.2's ciphers among kura's
+    /// ECDHE AES-GCM and ChaCha20-Poly1305 suites; ssl_session_cache lets clients resume
+    /// sessions. `refresh_certs` reloads the files. Unix sockets stay plain.
     #[arg(short = 'Z', long = "enable-ssl")]
     pub enable_ssl: bool,
     /// Connections the kernel queues for the server before it accepts them (memcached -b).
@@ -268,8 +269,8 @@ impl ServeArgs {
                 return Err("-Z: TLS needs a TCP listener (memcached: \"You cannot enable SSL without a TCP port\"); a Unix socket (-s) stays plain".to_owned());
             }
             tls.options()?;
-            if tls.ciphers.is_some() {
-                tracing::warn!("-o ssl_ciphers: OpenSSL's cipher lists do not apply; kura offers rustls's suites (TLS 1.3: AES-GCM and ChaCha20-Poly1305; TLS 1.2: ECDHE with those)");
+            if let Some(list) = &tls.ciphers {
+                kura_tls::tls12_cipher_suites(list).map_err(|e| format!("-o ssl_ciphers: Error setting the provided cipher(s): {e}"))?;
             }
             if tls.min_version < 2 {
                 tracing::warn!("-o ssl_min_version={}: kura speaks TLS 1.2 and 1.3 only", tls.min_version);

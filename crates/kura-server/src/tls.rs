@@ -33,7 +33,9 @@ pub struct TlsSettings {
     pub key: Option<PathBuf>,
     pub verify_mode: u32,
     pub keyformat: u32,
-    /// OpenSSL's cipher list: shown, not applied (rustls offers its own safe suites only).
+    /// OpenSSL's cipher list: chooses among the TLS 1.2 suites kura has (as OpenSSL, TLS 1.3's
+    /// stay); one that chooses none stops the start (memcached: "Error setting the provided
+    /// cipher(s)").
     pub ciphers: Option<String>,
     pub ca_cert: Option<PathBuf>,
     pub wbuf_size_kib: u32,
@@ -100,6 +102,7 @@ impl TlsSettings {
             session_cache: self.session_cache,
             // memcached's OpenSSL gives tickets whether or not ssl_session_cache is set.
             tickets: true,
+            tls12_ciphers: self.ciphers.clone(),
         })
     }
 }

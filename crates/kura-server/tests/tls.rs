@@ -66,6 +66,17 @@ impl Certs {
         };
         Arc::new(config)
     }
+
+    /// A client without a certificate that offers only `suites` (and speaks only their
+    /// protocol versions).
+    fn client_offering(&self, suites: &[rustls::SupportedCipherSuite]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_file(self.path("ca.pem")).unwrap()).unwrap();
+        let provider = rustls::crypto::CryptoProvider { cipher_suites: suites.to_vec(), ..rustls::crypto::ring::default_provider() };
+        let versions: Vec<&'static rustls::SupportedProtocolVersion> = suites.iter().map(|s| s.version()).collect();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider)).with_protocol_versions(&versions).unwrap().with_root_certificates(roots).with_no_client_auth();
+        Arc::new(config)
+    }
 }
 
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
@@ -300,6 +311,35 @@ fn min_version_3_refuses_tls12() {
     assert_eq!(stats(kura.port, &certs.client(None, TLS_BOTH), "settings")["ssl_min_version"], "tlsv1.3");
 }
 
+/// ssl_ciphers chooses TLS 1.2's ciphers as OpenSSL reads the list, and leaves TLS 1.3's; a
+/// list that chooses none stops the start (in bad_tls_setups_are_refused_at_startup). As
+/// memcached. (The lists hold no comma: -o splits on them.)
+#[test]
+fn ssl_ciphers_choose_the_tls12_ciphers() {
+    use rustls::crypto::ring::cipher_suite::*;
+    let certs = try_or_skip!(Certs::make());
+    // The server's certificate is ECDSA: of each list, (a cipher served, one refused).
+    let cases = [
+        ("ECDHE-ECDSA-AES256-GCM-SHA384", TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256),
+        ("HIGH:!AESGCM", TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384),
+        ("ECDHE+AES128:CHACHA20:-CHACHA20", TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256),
+    ];
+    for (list, served, refused) in cases {
+        let options = certs.options(&format!("ssl_ciphers={list}"));
+        let kura = Kura::start(&["-Z", "-o", &options]);
+        let memcached = try_or_skip!(Memcached::start(&["-Z", "-o", &options]));
+        for (name, port) in [("kura", kura.port), ("memcached", memcached.port)] {
+            let mut tls = connect(port, &certs.client_offering(&[served])).unwrap_or_else(|e| panic!("{name} {list}: {served:?}: {e}"));
+            assert_eq!(tls.conn.negotiated_cipher_suite(), Some(served));
+            assert_eq!(exchange(&mut tls, b"set c 0 0 1\r\nv\r\n").unwrap(), b"STORED\r\n");
+            assert!(connect(port, &certs.client_offering(&[refused])).is_err(), "{name} {list}: {refused:?} was served");
+            let tls13 = certs.client_offering(&[TLS13_AES_128_GCM_SHA256]);
+            assert_eq!(transcript(port, &tls13, b"get c\r\n"), "VALUE c 0 1\r\nv\r\nEND\r\n", "{name} {list}: TLS 1.3");
+            assert_eq!(stats(port, &tls13, "settings")["ssl_ciphers"], list, "{name}");
+        }
+    }
+}
+
 /// A client's second connection resumes its session, with or without ssl_session_cache
 /// (the server keeps the sessions, or the client a ticket), as with memcached.
 #[test]
@@ -397,6 +437,9 @@ fn bad_tls_setups_are_refused_at_startup() {
         (vec!["-Z".into(), "-o".into(), format!("ssl_chain_cert={cert},ssl_key={key},ssl_verify_mode=5")], "Invalid ssl_verify_mode", true),
         (vec!["-Z".into(), "-o".into(), format!("ssl_chain_cert={cert},ssl_key={key},ssl_min_version=x")], "could not parse argument to ssl_min_version", true),
         (vec!["-Z".into(), "-o".into(), format!("ssl_chain_cert={cert},ssl_key={key},ssl_ca_cert={}", missing.display())], "missing.pem", true),
+        (vec!["-Z".into(), "-o".into(), format!("ssl_chain_cert={cert},ssl_key={key},ssl_ciphers=NOSUCHCIPHER:ALSONOTONE")], "Error setting the provided cipher(s)", true),
+        // Ciphers memcached's OpenSSL has and kura does not: kura refuses rather than ignores.
+        (vec!["-Z".into(), "-o".into(), format!("ssl_chain_cert={cert},ssl_key={key},ssl_ciphers=AES128-SHA:DHE-RSA-AES256-GCM-SHA384")], "ECDHE-ECDSA-AES256-GCM-SHA384", false),
         // memcached refuses -Z without a TCP port (-p 0), but with -s (which turns TCP off)
         // and a port it starts and serves the socket in plain text.
         (vec!["-Z".into(), "-s".into(), sock.to_str().unwrap().into(), "-o".into(), format!("ssl_chain_cert={cert},ssl_key={key}")], "TCP", false),

@@ -21,6 +21,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 pub use rustls;
 pub use rustls_pki_types;
 
+mod ciphers;
+pub use ciphers::{CIPHER_LIST_BYTES_MAX, CipherListError, tls12_cipher_suites};
+
 /// Ciphertext one session holds for the socket, at most (rustls' `set_buffer_limit`): a
 /// connection's replies move into it as they are encrypted, so it bounds what TLS adds to a
 /// connection's memory. 16 records of 16 KiB: one `writev` each time the socket
@@ -55,6 +58,8 @@ pub enum TlsError {
     CertWithoutKey,
     #[error("{name:?} cannot name a TLS server (a DNS name or an IP address): {detail}")]
     BadServerName { name: String, detail: String },
+    #[error("cipher list: {0}")]
+    CipherList(#[from] CipherListError),
     #[error("TLS: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -96,6 +101,9 @@ pub struct ServerTlsOptions {
     /// Give clients session tickets (the server keeps nothing; a client resumes with its
     /// ticket), as OpenSSL does unless told not to.
     pub tickets: bool,
+    /// OpenSSL's cipher list for TLS 1.2 (see [`tls12_cipher_suites`]); all of kura's when
+    /// `None`. TLS 1.3's suites are not chosen by it, as with OpenSSL.
+    pub tls12_ciphers: Option<String>,
 }
 
 /// Sessions the server keeps for resumption when [`ServerTlsOptions::session_cache`] is set.
@@ -110,7 +118,13 @@ pub fn server_config(options: &ServerTlsOptions) -> Result<Arc<ServerConfig>, Tl
     }
     let chain = read_certificates(&options.cert_chain)?;
     let key_der = read_key(&options.key)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(list) = &options.tls12_ciphers {
+        let tls12 = tls12_cipher_suites(list)?;
+        provider.cipher_suites.retain(|s| s.version() == &rustls::version::TLS13);
+        provider.cipher_suites.extend(tls12);
+    }
+    let provider = Arc::new(provider);
     let versions: &[&rustls::SupportedProtocolVersion] = match options.min_version {
         MinVersion::Tls12 => rustls::DEFAULT_VERSIONS,
         MinVersion::Tls13 => &[&rustls::version::TLS13],
@@ -437,7 +451,7 @@ mod tests {
     type Client = rustls::StreamOwned<rustls::ClientConnection, UnixStream>;
 
     fn options(cert: &Path, key: &Path) -> ServerTlsOptions {
-        ServerTlsOptions { cert_chain: cert.to_owned(), key: key.to_owned(), client_ca: None, client_auth: ClientAuth::None, min_version: MinVersion::Tls12, session_cache: true, tickets: false }
+        ServerTlsOptions { cert_chain: cert.to_owned(), key: key.to_owned(), client_ca: None, client_auth: ClientAuth::None, min_version: MinVersion::Tls12, session_cache: true, tickets: false, tls12_ciphers: None }
     }
 
     /// A CA and a server certificate for `localhost` it signed (the `openssl` CLI).

@@ -33,6 +33,7 @@ impl NbdTls {
             min_version: MinVersion::Tls12,
             session_cache: true,
             tickets: false,
+            tls12_ciphers: None,
         };
         Ok(Self { config: kura_tls::server_config(&options)?, required })
     }
