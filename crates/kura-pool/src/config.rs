@@ -13,12 +13,15 @@
 //! kura+tls://host[:port][?ca=PATH&cert=PATH&key=PATH&sni=NAME&...]   TLS to a kura serve -Z
 //! memcached+tls://host[:port][?ca=...]                               TLS to a memcached -Z
 //! rediss://host[:port][?ca=...]                                      TLS to a redis-server --tls-port
+//! rediss+cluster://host:port[,host:port...][?ca=...]                 TLS to a Redis Cluster (tls-cluster yes)
 //! ```
 //!
 //! Over TLS the server's certificate is checked against `ca` (the system's CA bundle,
 //! [`kura_tls::SYSTEM_CA_FILE`], when not given) for the host's name (or `sni`); `cert` (and
 //! `key`, when not in the same file) is the client certificate for a server that asks for one
-//! (memcached's `ssl_verify_mode`, Redis' `tls-auth-clients`).
+//! (memcached's `ssl_verify_mode`, Redis' `tls-auth-clients`). A Redis Cluster's nodes are
+//! reached at the addresses they announce, so each node's certificate must name the address
+//! it announces (an IP address or a host name), or all of them the one name `sni` gives.
 //!
 //! `USER:PASSWORD@` (percent-encoded) before a host or a socket path (`kura://u:p@/PATH`)
 //! authenticates each connection: to a kura server or memcached started with `-Y` (ASCII
@@ -212,8 +215,8 @@ impl NodeSpec {
             "kura+tls" => (Backend::Kura, true),
             "memcached+tls" | "memcache+tls" => (Backend::Memcached, true),
             "rediss" | "redis+tls" => (Backend::Redis, true),
-            "rediss+cluster" | "redis+cluster+tls" => return Err(bad("a Redis Cluster over TLS is not supported yet (its nodes are reached by the addresses they announce, which a certificate seldom names)")),
-            other => return Err(bad(&format!("unknown scheme {other:?}; use kura, memcached, redis, redis+cluster, embedded, or kura+tls, memcached+tls, rediss"))),
+            "rediss+cluster" | "redis+cluster+tls" => (Backend::RedisCluster, true),
+            other => return Err(bad(&format!("unknown scheme {other:?}; use kura, memcached, redis, redis+cluster, embedded, or kura+tls, memcached+tls, rediss, rediss+cluster"))),
         };
         let mut node = NodeSpec {
             backend,
@@ -265,7 +268,7 @@ impl NodeSpec {
         for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').ok_or_else(|| bad(&format!("option {pair:?} needs a value")))?;
             match name {
-                "ca" | "cert" | "key" | "sni" if !tls => return Err(bad(&format!("option {name:?} is for TLS nodes (kura+tls://, memcached+tls://, rediss://)"))),
+                "ca" | "cert" | "key" | "sni" if !tls => return Err(bad(&format!("option {name:?} is for TLS nodes (kura+tls://, memcached+tls://, rediss://, rediss+cluster://)"))),
                 "ca" => tls_options.ca = Some(PathBuf::from(percent_decode(value).map_err(|why| bad(&why))?)),
                 "cert" => tls_options.cert = Some(PathBuf::from(percent_decode(value).map_err(|why| bad(&why))?)),
                 "key" => tls_options.key = Some(PathBuf::from(percent_decode(value).map_err(|why| bad(&why))?)),

@@ -503,8 +503,8 @@ pub(crate) fn exchange_resp(stream: &mut NodeStream, request: &[u8]) -> Result<V
 }
 
 /// `CLUSTER SLOTS` from one node (blocking).
-pub(crate) fn cluster_slots(addr: &str, credentials: Option<&Credentials>, timeout: Duration) -> Result<Vec<crate::cluster::SlotRange>, String> {
-    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, credentials, None, timeout)?;
+pub(crate) fn cluster_slots(addr: &str, credentials: Option<&Credentials>, tls: Option<&TlsSpec>, timeout: Duration) -> Result<Vec<crate::cluster::SlotRange>, String> {
+    let (mut stream, _) = connect(addr, Backend::RedisCluster, false, credentials, tls, timeout)?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let bytes = exchange_resp(&mut stream, b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n")?;
     let (reply, _) = resp::parse_reply(&bytes, 1 << 20)?.ok_or("incomplete CLUSTER SLOTS reply")?;

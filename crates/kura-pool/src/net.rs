@@ -70,6 +70,9 @@ struct ClusterRoute {
     masters: Vec<(usize, Vec<u8>)>,
     stale: bool,
     last_refresh: Option<Instant>,
+    /// Why the last refresh found no slot map (each node's `CLUSTER SLOTS` failed), for
+    /// the message of the requests that wait on it.
+    refresh_error: Option<String>,
 }
 
 /// A Redis Cluster request waiting to be routed again.
@@ -194,7 +197,7 @@ impl NetContext {
         };
         for (index, node) in shared.config.nodes.iter().enumerate() {
             let member = if node.backend == Backend::RedisCluster {
-                Member::Cluster(Box::new(ClusterRoute { slots: vec![NO_CONN; cluster::SLOTS], masters: Vec::new(), stale: true, last_refresh: None }))
+                Member::Cluster(Box::new(ClusterRoute { slots: vec![NO_CONN; cluster::SLOTS], masters: Vec::new(), stale: true, last_refresh: None, refresh_error: None }))
             } else {
                 Member::Node { conn: ctx.conn_for(&node.addrs[0], index) }
             };
@@ -404,7 +407,10 @@ impl NetContext {
                 let Member::Cluster(route) = &self.members[retry.member] else { unreachable!("cluster member") };
                 match route.slots[usize::from(cluster::slot(&retry.owned.key))] {
                     NO_CONN => {
-                        retry.cause = "no master known for the key's slot".into();
+                        retry.cause = match &route.refresh_error {
+                            Some(why) => format!("no master known for the key's slot (the slot map could not be read: {why})"),
+                            None => "no master known for the key's slot".into(),
+                        };
                         self.retry_later(retry);
                         return;
                     }
@@ -738,18 +744,25 @@ impl NetContext {
         self.sink.stats.topology_refreshes += 1;
         let timeout = self.shared.config.connect_timeout;
         let mut ranges = None;
+        let mut error = None;
         for addr in &candidates {
             // Nodes known to be down are skipped while in back-off.
             if self.by_addr.get(addr).is_some_and(|&ci| self.conns[ci].down_until.is_some_and(|t| now < t)) {
                 continue;
             }
-            match conn::cluster_slots(addr, self.spec(member).credentials.as_ref(), timeout) {
+            match conn::cluster_slots(addr, self.spec(member).credentials.as_ref(), self.spec(member).tls.as_ref(), timeout) {
                 Ok(r) if !r.is_empty() => {
                     ranges = Some(r);
                     break;
                 }
-                Ok(_) => tracing::debug!(addr, "CLUSTER SLOTS: no slots assigned yet"),
-                Err(e) => tracing::debug!(addr, error = e, "CLUSTER SLOTS failed"),
+                Ok(_) => {
+                    tracing::debug!(addr, "CLUSTER SLOTS: no slots assigned yet");
+                    error = Some(format!("{addr}: no slots assigned yet"));
+                }
+                Err(e) => {
+                    tracing::debug!(addr, error = e, "CLUSTER SLOTS failed");
+                    error = Some(format!("{addr}: {e}"));
+                }
             }
         }
         let mut slots = vec![NO_CONN; cluster::SLOTS];
@@ -765,6 +778,7 @@ impl NetContext {
         }
         let Member::Cluster(route) = &mut self.members[member] else { return };
         route.last_refresh = Some(now);
+        route.refresh_error = if ranges.is_some() { None } else { error };
         if ranges.is_some() {
             route.slots = slots;
             route.masters = masters;

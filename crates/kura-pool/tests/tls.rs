@@ -1,6 +1,7 @@
 //! Pools of TLS nodes: `kura+tls://` to `kura serve -Z`, `memcached+tls://` to a memcached
 //! 1.6 started with `-Z` (Debian's is built with TLS), `rediss://` to a redis-server on its
-//! `--tls-port`; client certificates, a CA that did not sign the server's certificate, a
+//! `--tls-port`, `rediss+cluster://` to a Redis Cluster with `tls-cluster yes`; client
+//! certificates, a CA that did not sign the server's certificate, a
 //! node that does not speak TLS, and the URL's mistakes. Certificates come from the `openssl`
 //! CLI.
 
@@ -125,12 +126,19 @@ fn memcached_over_tls_with_a_client_certificate() {
 
 /// A redis-server listening only on its TLS port, clients not asked for certificates.
 fn redis_tls(certs: &TestCerts) -> Result<(ChildGuard, u16, tempfile::TempDir), String> {
+    redis_tls_with(certs, &[])
+}
+
+/// [`redis_tls`] with more of redis-server's switches.
+fn redis_tls_with(certs: &TestCerts, extra: &[&str]) -> Result<(ChildGuard, u16, tempfile::TempDir), String> {
     let bin = require_cmd("redis-server")?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let (child, port) = spawn_listening("redis-server", START_TIMEOUT, |port| {
         let mut cmd = std::process::Command::new(&bin);
         cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--tls-cert-file", &certs.arg("server.pem"), "--tls-key-file", &certs.arg("server-key.pem"), "--tls-ca-cert-file", &certs.arg("ca.pem"), "--tls-auth-clients", "no", "--dir"])
+            .args(["--tls-cert-file", &certs.arg("server.pem"), "--tls-key-file", &certs.arg("server-key.pem"), "--tls-ca-cert-file", &certs.arg("ca.pem"), "--tls-auth-clients", "no"])
+            .args(extra)
+            .arg("--dir")
             .arg(dir.path())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -150,6 +158,72 @@ fn redis_over_tls() {
     large_values_round_trip(&pool, 100_000);
 }
 
+/// Three redis-servers with `tls-cluster yes` made into a cluster of three masters, speaking
+/// only TLS (clients not asked for certificates; the cluster bus, which always asks, gets the
+/// client certificate).
+struct TlsCluster {
+    nodes: Vec<(ChildGuard, u16, tempfile::TempDir)>,
+    ca: String,
+}
+
+impl TlsCluster {
+    fn start(certs: &TestCerts) -> Result<Self, String> {
+        require_cmd("redis-cli")?;
+        let client = [certs.arg("client.pem"), certs.arg("client-key.pem")];
+        let extra = ["--tls-client-cert-file", &client[0], "--tls-client-key-file", &client[1], "--tls-cluster", "yes", "--cluster-enabled", "yes", "--cluster-node-timeout", "1000", "--cluster-config-file", "nodes.conf"];
+        let nodes = (0..3).map(|_| redis_tls_with(certs, &extra)).collect::<Result<Vec<_>, _>>()?;
+        let cluster = Self { nodes, ca: certs.arg("ca.pem") };
+        let addrs: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.1)).collect();
+        let out = cluster.cli_command(cluster.nodes[0].1).args(["--cluster", "create"]).args(&addrs).args(["--cluster-replicas", "0", "--cluster-yes"]).output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("redis-cli --tls --cluster create failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !cluster.nodes.iter().all(|n| cluster.cli(n.1, &["cluster", "info"]).contains("cluster_state:ok")) {
+            if std::time::Instant::now() > deadline {
+                return Err("the TLS cluster did not become ok".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Ok(cluster)
+    }
+
+    fn cli_command(&self, port: u16) -> std::process::Command {
+        let mut cmd = std::process::Command::new("redis-cli");
+        cmd.args(["--tls", "--cacert", &self.ca, "-h", "127.0.0.1", "-p", &port.to_string()]).stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.cli_command(port).args(args).output().expect("redis-cli").stdout).into_owned()
+    }
+}
+
+/// A pool on a Redis Cluster whose nodes speak only TLS: the slot map is read over TLS, and
+/// keys reach every master at the address it announces, its certificate checked.
+#[test]
+fn redis_cluster_over_tls() {
+    let certs = try_or_skip!(TestCerts::make());
+    let cluster = try_or_skip!(TlsCluster::start(&certs));
+    // No replicas: a flush waits for none.
+    let pool = open(&format!("rediss+cluster://127.0.0.1:{}?ca={}&replicas=0", cluster.nodes[0].1, certs.arg("ca.pem"))).unwrap();
+    common::exercise(&pool, true);
+    large_values_round_trip(&pool, 100_000);
+    let mut ctx = pool.context().unwrap();
+    for i in 0..64u32 {
+        ctx.set(format!("spread{i}").as_bytes(), b"v").unwrap();
+    }
+    for (_, port, _) in &cluster.nodes {
+        let keys: u64 = cluster.cli(*port, &["dbsize"]).trim().parse().unwrap();
+        assert!(keys > 0, "master {port} got none of the keys");
+    }
+    // A wrong name for every node: refused, and the requests that wait for a slot map say why.
+    let mut config = PoolConfig::from_urls(&[format!("rediss+cluster://127.0.0.1:{}?ca={}&replicas=0&sni=other.example", cluster.nodes[0].1, certs.arg("ca.pem"))]).unwrap();
+    config.request_timeout = Duration::from_secs(2);
+    let e = Pool::open(config).unwrap().context().unwrap().get(b"k").unwrap_err().to_string();
+    assert!(e.contains("slot map could not be read") && e.contains("not valid for name \"other.example\""), "{e}");
+}
+
 #[test]
 fn tls_urls_are_checked_when_parsed() {
     let certs = try_or_skip!(TestCerts::make());
@@ -160,7 +234,8 @@ fn tls_urls_are_checked_when_parsed() {
     assert!(err(&format!("kura+tls://localhost?ca={}", certs.arg("server-key.pem"))).contains("no PEM certificate"));
     assert!(err(&format!("memcached+tls://localhost?ca={}&cert={}&key={}", certs.arg("ca.pem"), certs.arg("client.pem"), certs.arg("server-key.pem"))).contains("do not go together"));
     assert!(err(&format!("kura+tls://localhost?ca={}&key={}", certs.arg("ca.pem"), certs.arg("client-key.pem"))).contains("needs its key"));
-    assert!(err("rediss+cluster://localhost:7000").contains("not supported"));
+    let cluster = PoolConfig::from_urls(&[format!("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001?ca={}", certs.arg("ca.pem"))]).unwrap();
+    assert!(cluster.nodes[0].tls.is_some() && cluster.nodes[0].addrs.len() == 2);
     // Defaults: the memcached port, the system's CA bundle when it is there.
     let config = PoolConfig::from_urls(&[format!("kura+tls://localhost?ca={}", certs.arg("ca.pem"))]).unwrap();
     assert_eq!(config.nodes[0].addrs, ["localhost:11211"]);
