@@ -442,9 +442,8 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
-    use std::process::{Command, Stdio};
 
-    use kura_testkit::{require_cmd, try_or_skip};
+    use kura_testkit::{TestCerts, try_or_skip};
 
     use super::*;
 
@@ -454,24 +453,11 @@ mod tests {
         ServerTlsOptions { cert_chain: cert.to_owned(), key: key.to_owned(), client_ca: None, client_auth: ClientAuth::None, min_version: MinVersion::Tls12, session_cache: true, tickets: false, tls12_ciphers: None }
     }
 
-    /// A CA and a server certificate for `localhost` it signed (the `openssl` CLI).
-    fn certificates(dir: &Path) {
-        let ssl = |args: &[&str]| {
-            let status = Command::new("openssl").args(args).current_dir(dir).stdin(Stdio::null()).stderr(Stdio::null()).status().unwrap();
-            assert!(status.success(), "openssl {args:?}");
-        };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        ssl(&[&["req", "-x509"][..], &ec, &["-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"]].concat());
-        ssl(&[&["req"][..], &ec, &["-keyout", "key.pem", "-out", "req.csr", "-subj", "/CN=localhost"]].concat());
-        std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n").unwrap();
-        ssl(&["x509", "-req", "-in", "req.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-out", "cert.pem", "-days", "2", "-extfile", "ext"]);
-    }
-
     /// A session after its handshake, its (now non-blocking) socket, and the client.
-    fn connected(dir: &Path) -> (TlsSession, UnixStream, Client) {
-        let config = server_config(&options(&dir.join("cert.pem"), &dir.join("key.pem"))).unwrap();
+    fn connected(certs: &TestCerts) -> (TlsSession, UnixStream, Client) {
+        let config = server_config(&options(&certs.path("server.pem"), &certs.path("server-key.pem"))).unwrap();
         let mut roots = RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_file(dir.join("ca.pem")).unwrap()).unwrap();
+        roots.add(CertificateDer::from_pem_file(certs.path("ca.pem")).unwrap()).unwrap();
         let client_config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider())).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth();
         let (mut server_sock, client_sock) = UnixStream::pair().unwrap();
         let client = std::thread::spawn(move || {
@@ -498,10 +484,8 @@ mod tests {
 
     #[test]
     fn nonblocking_reads_fill_the_buffer_or_drain_the_socket() {
-        try_or_skip!(require_cmd("openssl"));
-        let dir = tempfile::tempdir().unwrap();
-        certificates(dir.path());
-        let (mut session, mut sock, mut client) = connected(dir.path());
+        let certs = try_or_skip!(TestCerts::make());
+        let (mut session, mut sock, mut client) = connected(&certs);
         const SENT_BYTES: usize = 3 << 20;
         let data: Vec<u8> = (0..SENT_BYTES).map(|i| (i * 7 + i / 4099) as u8).collect();
         let sent = data.clone();
@@ -538,10 +522,8 @@ mod tests {
 
     #[test]
     fn nonblocking_writes_keep_what_the_socket_refuses_until_it_drains() {
-        try_or_skip!(require_cmd("openssl"));
-        let dir = tempfile::tempdir().unwrap();
-        certificates(dir.path());
-        let (mut session, mut sock, mut client) = connected(dir.path());
+        let certs = try_or_skip!(TestCerts::make());
+        let (mut session, mut sock, mut client) = connected(&certs);
         const SENT_BYTES: usize = 4 << 20;
         let data: Vec<u8> = (0..SENT_BYTES).map(|i| (i * 13 + i / 8191) as u8).collect();
         // Nobody reads yet: the socket fills, then the session's buffer, then WouldBlock.
@@ -580,6 +562,20 @@ mod tests {
             wait(&sock, libc::POLLOUT);
         }
         assert!(reader.join().unwrap() == data);
+    }
+
+    #[test]
+    fn a_cipher_list_chooses_the_tls12_suites_and_keeps_tls13s() {
+        let certs = try_or_skip!(TestCerts::make());
+        let mut chosen = options(&certs.path("server.pem"), &certs.path("server-key.pem"));
+        chosen.tls12_ciphers = Some("ECDHE-ECDSA-CHACHA20-POLY1305".to_owned());
+        let config = server_config(&chosen).unwrap();
+        let suites: Vec<_> = config.crypto_provider().cipher_suites.iter().map(|s| (s.version().version, s.suite())).collect();
+        let tls13 = rustls::crypto::ring::DEFAULT_CIPHER_SUITES.iter().filter(|s| s.version() == &rustls::version::TLS13).count();
+        assert_eq!(suites.len(), tls13 + 1, "{suites:?}");
+        assert!(suites.contains(&(rustls::ProtocolVersion::TLSv1_2, rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256)), "{suites:?}");
+        chosen.tls12_ciphers = Some("RC4-SHA".to_owned());
+        assert!(matches!(server_config(&chosen).unwrap_err(), TlsError::CipherList(CipherListError::NoCipher { .. })));
     }
 
     #[test]
