@@ -217,6 +217,22 @@ fn redis_cluster_over_tls() {
         let keys: u64 = cluster.cli(*port, &["dbsize"]).trim().parse().unwrap();
         assert!(keys > 0, "master {port} got none of the keys");
     }
+    // A slot moved behind the pool's back: its old master answers MOVED with the new one's
+    // address, which the pool reaches over TLS too.
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.1).collect();
+    let key = (0u32..).map(|n| format!("moved{n}")).find(|k| ports.iter().all(|&p| cluster.cli(p, &["cluster", "countkeysinslot", &kura_pool::cluster_slot(k.as_bytes()).to_string()]).trim() == "0")).unwrap();
+    let slot = kura_pool::cluster_slot(key.as_bytes()).to_string();
+    let owner = *ports.iter().find(|&&p| !cluster.cli(p, &["get", &key]).contains("MOVED")).unwrap();
+    let target = *ports.iter().find(|&&p| p != owner).unwrap();
+    let target_id = cluster.cli(target, &["cluster", "myid"]).trim().to_owned();
+    for &port in &ports {
+        assert_eq!(cluster.cli(port, &["cluster", "setslot", &slot, "node", &target_id]).trim(), "OK");
+    }
+    let before = ctx.io_stats().redirects;
+    ctx.set(key.as_bytes(), b"moved").unwrap();
+    assert!(ctx.io_stats().redirects > before, "{:?}", ctx.io_stats());
+    assert_eq!(cluster.cli(target, &["get", &key]).trim(), "moved");
+    assert_eq!(ctx.get(key.as_bytes()).unwrap().as_deref(), Some(&b"moved"[..]));
     // A wrong name for every node: refused, and the requests that wait for a slot map say why.
     let mut config = PoolConfig::from_urls(&[format!("rediss+cluster://127.0.0.1:{}?ca={}&replicas=0&sni=other.example", cluster.nodes[0].1, certs.arg("ca.pem"))]).unwrap();
     config.request_timeout = Duration::from_secs(2);
