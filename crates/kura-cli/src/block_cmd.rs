@@ -25,10 +25,10 @@ pub struct PoolArgs {
     /// A pool node (repeat for more): kura://HOST:PORT, memcached://HOST:PORT, redis://HOST:PORT,
     /// redis+cluster://HOST:PORT,HOST:PORT, kura:///SOCKET or memcached:///SOCKET (a server on a
     /// Unix socket), or embedded:PATH[?size=1G]. Over TLS: kura+tls://, memcached+tls://,
-    /// rediss://, rediss+cluster:// with ?ca=PEM (default: the system's CA bundle), &cert=PEM&key=PEM (a client
-    /// certificate), &sni=NAME (the name the server's certificate must carry; default: HOST).
-    /// Default: the embedded
-    /// store kura-data/pool.kura (created in store mode, 1 GiB, when missing).
+    /// rediss://, rediss+cluster:// with ?ca=PEM (default: the system's CA bundle),
+    /// &cert=PEM&key=PEM (a client certificate), &sni=NAME (the name the server's certificate
+    /// must carry; default: HOST). Default: the embedded store kura-data/pool.kura (created in
+    /// store mode, 1 GiB, when missing).
     #[arg(long = "pool", value_name = "URL")]
     pub pool: Vec<String>,
     /// A TOML file describing the pool (`nodes = [...]` and limits), instead of --pool.

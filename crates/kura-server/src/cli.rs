@@ -269,9 +269,6 @@ impl ServeArgs {
                 return Err("-Z: TLS needs a TCP listener (memcached: \"You cannot enable SSL without a TCP port\"); a Unix socket (-s) stays plain".to_owned());
             }
             tls.options()?;
-            if let Some(list) = &tls.ciphers {
-                kura_tls::tls12_cipher_suites(list).map_err(|e| format!("-o ssl_ciphers: Error setting the provided cipher(s): {e}"))?;
-            }
             if tls.min_version < 2 {
                 tracing::warn!("-o ssl_min_version={}: kura speaks TLS 1.2 and 1.3 only", tls.min_version);
             }

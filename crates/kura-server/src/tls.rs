@@ -93,6 +93,9 @@ impl TlsSettings {
         if client_auth != ClientAuth::None && self.ca_cert.is_none() {
             return Err(format!("-o ssl_verify_mode={}: client certificates are checked against -o ssl_ca_cert=FILE, which is missing", self.verify_mode));
         }
+        if let Some(list) = &self.ciphers {
+            kura_tls::tls12_cipher_suites(list).map_err(|e| format!("-o ssl_ciphers: Error setting the provided cipher(s): {e}"))?;
+        }
         Ok(ServerTlsOptions {
             cert_chain: chain.clone(),
             key: self.key.clone().unwrap_or_else(|| chain.clone()),

@@ -50,12 +50,10 @@ impl Certs {
     /// A client that trusts the CA, with the client certificate `client` (`"client"`,
     /// `"rogue"`) or none, speaking `versions`.
     fn client(&self, client: Option<&str>, versions: &[&'static rustls::SupportedProtocolVersion]) -> Arc<rustls::ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_file(self.path("ca.pem")).unwrap()).unwrap();
         let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_protocol_versions(versions)
             .unwrap()
-            .with_root_certificates(roots);
+            .with_root_certificates(self.roots());
         let config = match client {
             None => builder.with_no_client_auth(),
             Some(name) => {
@@ -67,14 +65,19 @@ impl Certs {
         Arc::new(config)
     }
 
+    /// The test CA, the one root clients trust.
+    fn roots(&self) -> rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_file(self.path("ca.pem")).unwrap()).unwrap();
+        roots
+    }
+
     /// A client without a certificate that offers only `suites` (and speaks only their
     /// protocol versions).
     fn client_offering(&self, suites: &[rustls::SupportedCipherSuite]) -> Arc<rustls::ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_file(self.path("ca.pem")).unwrap()).unwrap();
         let provider = rustls::crypto::CryptoProvider { cipher_suites: suites.to_vec(), ..rustls::crypto::ring::default_provider() };
         let versions: Vec<&'static rustls::SupportedProtocolVersion> = suites.iter().map(|s| s.version()).collect();
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider)).with_protocol_versions(&versions).unwrap().with_root_certificates(roots).with_no_client_auth();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider)).with_protocol_versions(&versions).unwrap().with_root_certificates(self.roots()).with_no_client_auth();
         Arc::new(config)
     }
 }
