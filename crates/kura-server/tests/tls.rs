@@ -210,10 +210,17 @@ fn plain_clients_fail_the_handshake() {
         plain.send("version\r\n");
         let got = plain.read_to_close().unwrap_or_default();
         assert!(!String::from_utf8_lossy(&got).contains("VERSION"), "{name}: a plain client was answered");
-        assert!(eventually(Duration::from_secs(5), || errors(&client) > before), "{name}: ssl_handshake_errors");
-        // A client that leaves before the handshake is counted too. memcached counts it or
-        // not depending on when its worker first reads the closed socket (it missed it in 2 of
-        // 6 runs beside this file's other tests), so only kura's count is held to it.
+        // memcached (the anchor) does not always count these: it missed the plain client once
+        // in CI and the client gone before its handshake in 2 of 6 runs beside this file's
+        // other tests, depending on when its worker first reads the socket. So only kura's
+        // counts are held to it; memcached's are printed.
+        let counted = eventually(Duration::from_secs(5), || errors(&client) > before);
+        if name == "kura" {
+            assert!(counted, "{name}: ssl_handshake_errors after a plain client");
+        } else if !counted {
+            println!("{name} did not count a plain client this time");
+        }
+        // A client that leaves before the handshake is counted too.
         let before = errors(&client);
         drop(TcpStream::connect(("127.0.0.1", port)).unwrap());
         let counted = eventually(Duration::from_secs(5), || errors(&client) > before);
