@@ -77,6 +77,9 @@ impl AlignedBuf {
     }
 }
 
+/// The least capacity of a new buffer from [`ReadBuffers::take`]: two 4 KiB pages.
+pub const READ_BUFFER_BYTES_MIN: usize = 2 * IO_ALIGNMENT_BYTES;
+
 /// Read buffers one thread keeps for its next reads, at most `max` of them, so that a read
 /// neither allocates nor zeroes one. A reused buffer keeps its old bytes: it is for reads,
 /// where a read that does not fill its buffer whole is an error.
@@ -100,7 +103,12 @@ impl ReadBuffers {
                 return buf;
             }
         }
-        AlignedBuf::zeroed(len)
+        // Rounded up so that the buffer serves any later read up to that size: reads of one
+        // record span one or two 4 KiB pages depending on where it lies, and a spare buffer of
+        // one page met by a read of two would be dropped and another zeroed in its place.
+        let mut buf = AlignedBuf::zeroed(len.max(READ_BUFFER_BYTES_MIN));
+        buf.set_len(len);
+        buf
     }
 
     /// Keeps `buf` for a later read, unless `max` are kept already.
@@ -182,6 +190,21 @@ mod tests {
             buffers.put(AlignedBuf::zeroed(4096));
         }
         assert_eq!(buffers.len(), 2, "at most `max` kept");
+    }
+
+    #[test]
+    fn a_new_read_buffer_serves_reads_of_one_or_two_pages() {
+        let mut buffers = ReadBuffers::new(4);
+        let one_page = buffers.take(4096);
+        assert_eq!(one_page.len(), 4096);
+        assert!(one_page.capacity() >= READ_BUFFER_BYTES_MIN);
+        let ptr = one_page.as_ptr();
+        buffers.put(one_page);
+        // A record over a page boundary needs two pages: the same buffer serves it.
+        let two_pages = buffers.take(5120);
+        assert_eq!((two_pages.as_ptr(), two_pages.len()), (ptr, 5120));
+        // A read larger than the least capacity gets a buffer of its own size.
+        assert_eq!(buffers.take(3 * 4096 + 512).capacity(), 4 * 4096);
     }
 
     #[test]

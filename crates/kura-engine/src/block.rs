@@ -313,7 +313,7 @@ impl BlockIndex {
     }
 
     /// Appends the reads that may hold the key (usually none or one).
-    pub fn locate(&self, hash: &KeyHash, out: &mut Vec<Span>) {
+    pub fn locate(&self, hash: &KeyHash, out: &mut impl Extend<Span>) {
         if let Some(r) = &self.small {
             let ranks = r.fingerprints.equal_range(fingerprint(hash, r.fp_universe));
             if !ranks.is_empty() {
@@ -321,14 +321,14 @@ impl BlockIndex {
                 let last = r.page_first_ranks.predecessor_rank(ranks.end as u64 - 1).expect("rank 0 starts page 0");
                 for page in first..=last {
                     let offset = self.device_offset_bytes + page as u64 * u64::from(self.page_size);
-                    out.push(Span { offset_bytes: offset, len_bytes: self.page_size, large: false });
+                    out.extend(Some(Span { offset_bytes: offset, len_bytes: self.page_size, large: false }));
                 }
             }
         }
         if let Some(r) = &self.large {
             for rank in r.fingerprints.equal_range(fingerprint(hash, r.fp_universe)) {
                 let (start, len) = self.large_slot(r, rank);
-                out.push(Span { offset_bytes: self.device_offset_bytes + start, len_bytes: len, large: true });
+                out.extend(Some(Span { offset_bytes: self.device_offset_bytes + start, len_bytes: len, large: true }));
             }
         }
     }

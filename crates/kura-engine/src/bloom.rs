@@ -139,7 +139,7 @@ impl BloomFilterMap {
     }
 
     /// Appends the ids of every block whose filter may contain the key (unordered).
-    pub fn candidates(&self, hash: &KeyHash, out: &mut Vec<u32>) {
+    pub fn candidates(&self, hash: &KeyHash, out: &mut impl Extend<u32>) {
         for class in &self.classes {
             class.candidates(hash, out);
         }
@@ -203,7 +203,7 @@ impl BfmClass {
         self.free_columns.push(column);
     }
 
-    fn candidates(&self, hash: &KeyHash, out: &mut Vec<u32>) {
+    fn candidates(&self, hash: &KeyHash, out: &mut impl Extend<u32>) {
         if self.columns.is_empty() {
             return;
         }
@@ -228,7 +228,7 @@ impl BfmClass {
             }
             for bit in BitIter(acc) {
                 if let Some(id) = self.columns[chunk * 64 + bit] {
-                    out.push(id);
+                    out.extend(Some(id));
                 }
             }
         }

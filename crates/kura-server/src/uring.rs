@@ -3,7 +3,7 @@
 //! on an eventfd that the worker's event loop polls beside its sockets.
 //!
 //! Reads are pushed while requests are parsed and issued together by one
-//! `io_uring_enter` per connection served ([`ReadQueue::submit`]); completions
+//! `io_uring_enter` per loop turn, or sooner once many wait ([`ReadQueue::submit`]); completions
 //! are reaped from the shared ring without a syscall. Reads beyond the ring's
 //! depth wait in a backlog, in arrival order. Where io_uring is not available
 //! the engine's queue reads synchronously when reaped, and the queue reports
@@ -64,6 +64,11 @@ impl ReadQueue {
     /// Reads queued, in flight or finished but not yet reaped.
     pub fn outstanding(&self) -> usize {
         self.backlog.len() + self.queue.in_flight() + self.refused.len()
+    }
+
+    /// Reads queued and not yet issued.
+    pub fn queued(&self) -> usize {
+        self.backlog.len()
     }
 
     /// Queues a read of `len_bytes` at `offset_bytes`; it is issued at the next [`Self::submit`].
