@@ -22,6 +22,7 @@ use clap::Args;
 use kura_bench::hist::LatencyHist;
 use kura_bench::host::{free_tcp_port, which};
 use kura_bench::proc::{self, ProcSample};
+use kura_tls::rustls;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -75,6 +76,13 @@ pub struct ServerBenchArgs {
     /// Keep kura's store and extstore's file afterwards.
     #[arg(long)]
     keep: bool,
+    /// Serve and measure over TLS: every system starts with `-Z` and a certificate made
+    /// here (in --dir/tls, with the `openssl` command), and every client connection makes a
+    /// TLS 1.3 handshake. The load, the peak GET rate and RSS are measured; the offered-load
+    /// sweep is not (its client sends and receives on one socket from two threads, which a
+    /// TLS session does not allow), so no curve is drawn.
+    #[arg(long)]
+    tls: bool,
     /// Extra arguments for `kura serve` (e.g. --kura-args="--sync=never").
     #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
     kura_args: Vec<String>,
@@ -108,6 +116,7 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let data_bytes = items * (args.value_size as u64 + 32);
+    let tls = if args.tls { Some(TlsFiles::make(&args.dir.join("tls"))?) } else { None };
     eprintln!(
         "bench server: {items} items of {} bytes ({} MiB), {} connections × depth {}",
         args.value_size,
@@ -121,7 +130,7 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         .iter()
         .filter(|s| args.systems.iter().any(|a| a == *s))
     {
-        let result = measure(name, args, items, data_bytes)?;
+        let result = measure(name, args, items, data_bytes, tls.as_ref())?;
         curves.push((
             name.to_string(),
             result
@@ -137,7 +146,10 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(args.dir.join("extstore.data"));
     }
     let plot_path = args.plot.clone().unwrap_or_else(|| args.dir.join("server-latency.png"));
-    let plotted = kura_bench::plot::line_plot(
+    let plotted: Result<(), String> = if tls.is_some() {
+        Err("no latency curves over TLS (--tls skips the sweep)".to_owned())
+    } else {
+        kura_bench::plot::line_plot(
         &plot_path,
         &format!(
             "GET p99 latency vs throughput, {} B values, {items} items",
@@ -148,7 +160,9 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         &curves,
         false,
         true,
-    );
+    )
+    .map_err(|e| e.to_string())
+    };
     if let Err(error) = &plotted {
         eprintln!("bench server: no plot: {error}");
     }
@@ -157,6 +171,7 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         "config": {
             "value_size": args.value_size, "items": items, "connections": args.connections, "depth": args.depth,
             "memory_mb": args.memory_mb, "threads": args.threads, "duration_s": args.duration_s, "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "tls": args.tls,
             "dir": args.dir.display().to_string(),
         },
         "systems": Value::Object(results.clone()),
@@ -189,7 +204,7 @@ fn ratios(results: &serde_json::Map<String, Value>) -> Value {
 
 /// A server process for one system, stopped (SIGTERM, then SIGKILL) on drop.
 struct Running {
-    port: u16,
+    target: Target,
     child: std::process::Child,
 }
 
@@ -220,6 +235,7 @@ fn start_system(
     args: &ServerBenchArgs,
     items: u64,
     data_bytes: u64,
+    tls: Option<&TlsFiles>,
 ) -> anyhow::Result<Running> {
     let port = free_tcp_port()?;
     let threads = args.threads.to_string();
@@ -296,12 +312,16 @@ fn start_system(
         }
         _ => unreachable!("systems were checked"),
     }
+    if let Some(tls) = tls {
+        // The same option for kura and memcached (kura takes memcached's TLS options).
+        cmd.args(["-Z", "-o", &tls.server_options()]);
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     eprintln!("bench server: starting {name} on port {port}");
     let running = Running {
-        port,
+        target: Target { port, tls: tls.map(|t| Arc::clone(&t.client)) },
         child: cmd.spawn().with_context(|| format!("starting {name}"))?,
     };
     let deadline = Instant::now() + START_TIMEOUT;
@@ -391,12 +411,13 @@ fn measure(
     args: &ServerBenchArgs,
     items: u64,
     data_bytes: u64,
+    tls: Option<&TlsFiles>,
 ) -> anyhow::Result<SystemResult> {
-    let mut server = start_system(name, args, items, data_bytes)?;
+    let mut server = start_system(name, args, items, data_bytes, tls)?;
     let (server0, client0) = (proc::sample(server.pid())?, self_sample()?);
     let started = Instant::now();
     load(
-        server.port,
+        &server.target,
         items,
         args.value_size,
         args.connections,
@@ -413,7 +434,7 @@ fn measure(
     // to disk as fast as they arrive, and once its RAM is all in large slabs it evicts the
     // headers of what it did write) starts over and is loaded at a pace it keeps up with, so
     // every system serves the same data.
-    let mut missing = missing_keys(server.port, items, args.value_size, args.depth)?;
+    let mut missing = missing_keys(&server.target, items, args.value_size, args.depth)?;
     let missing_after_load = missing.len();
     let mut paced_load = false;
     // Values under extstore's ext_item_size (512 B) never go to disk: its RAM bounds it, and a
@@ -425,19 +446,19 @@ fn measure(
             missing.len()
         );
         drop(server);
-        server = start_system(name, args, items, data_bytes)?;
+        server = start_system(name, args, items, data_bytes, tls)?;
         let all: Vec<u64> = (0..items).collect();
-        paced_sets(server.port, &all, args.value_size)?;
+        paced_sets(&server.target, &all, args.value_size)?;
         paced_load = true;
         std::thread::sleep(SETTLE);
-        missing = missing_keys(server.port, items, args.value_size, args.depth)?;
+        missing = missing_keys(&server.target, items, args.value_size, args.depth)?;
     }
     let rss_after_load_bytes = proc::rss_bytes(server.pid())?;
 
     let duration = Duration::from_secs(args.duration_s);
     let (server2, client2) = (proc::sample(server.pid())?, self_sample()?);
     let peak = closed_loop_gets(
-        server.port,
+        &server.target,
         items,
         args.value_size,
         args.connections,
@@ -453,10 +474,14 @@ fn measure(
         100.0 * peak.hit_ratio()
     );
     let mut curve = Vec::new();
-    for &fraction in &args.sweep {
+    if tls.is_some() && !args.sweep.is_empty() {
+        eprintln!("bench server: {name}: no offered-load sweep over TLS");
+    }
+    let sweep: &[f64] = if tls.is_some() { &[] } else { &args.sweep };
+    for &fraction in sweep {
         let offered = (peak.ops_per_s * fraction).max(100.0);
         let point = open_loop_gets(
-            server.port,
+            server.target.port,
             items,
             args.value_size,
             args.connections,
@@ -477,7 +502,7 @@ fn measure(
         });
     }
     let rss_after_gets_bytes = proc::rss_bytes(server.pid())?;
-    let server_stats = server_stats(server.port)?;
+    let server_stats = server_stats(&server.target)?;
     Ok(SystemResult {
         server_stats,
         paced_load,
@@ -504,11 +529,9 @@ fn measure(
 }
 
 /// The `stats` fields that explain a result: items kept, evictions, where RAM goes.
-fn server_stats(port: u16) -> anyhow::Result<Value> {
-    let stream = connect(port)?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
-    writer.write_all(b"stats\r\n")?;
+fn server_stats(target: &Target) -> anyhow::Result<Value> {
+    let mut reader = BufReader::new(target.connect()?);
+    reader.get_mut().write_all(b"stats\r\n")?;
     let mut out = serde_json::Map::new();
     let mut line = String::new();
     loop {
@@ -573,9 +596,97 @@ fn connect(port: u16) -> anyhow::Result<TcpStream> {
     Ok(stream)
 }
 
+/// A system under test, as its clients reach it.
+#[derive(Clone)]
+struct Target {
+    port: u16,
+    /// Set with `--tls`: connections make a TLS handshake with this configuration.
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Target {
+    fn connect(&self) -> anyhow::Result<Conn> {
+        let stream = connect(self.port)?;
+        Ok(match &self.tls {
+            None => Conn::Plain(stream),
+            Some(config) => {
+                let name = kura_tls::server_name("127.0.0.1")?;
+                let session = rustls::ClientConnection::new(Arc::clone(config), name)?;
+                Conn::Tls(Box::new(rustls::StreamOwned::new(session, stream)))
+            }
+        })
+    }
+}
+
+/// One client connection, plain or TLS; requests are written and replies read on it by one
+/// thread, in turn.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// `--tls`'s files: a CA, and a certificate for 127.0.0.1 it signed with its key, made with
+/// the `openssl` command (as users make theirs); and a client configuration trusting the CA.
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl TlsFiles {
+    fn make(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let openssl = which("openssl").context("--tls makes its certificate with the openssl command, which is not installed (apt-get install openssl)")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let ssl = |args: &[&str]| -> anyhow::Result<()> {
+            let out = Command::new(&openssl).args(args).current_dir(dir).stdin(Stdio::null()).output().context("running openssl")?;
+            if !out.status.success() {
+                bail!("openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+            }
+            Ok(())
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        ssl(&[&["req", "-x509"][..], &ec, &["-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/CN=kura bench ca", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"]].concat())?;
+        std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")?;
+        ssl(&[&["req"][..], &ec, &["-keyout", "server-key.pem", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]].concat())?;
+        ssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext"])?;
+        let client = kura_tls::client_config(&kura_tls::ClientTlsOptions { ca: Some(dir.join("ca.pem")), cert: None, key: None })?;
+        Ok(Self { cert: dir.join("server.pem"), key: dir.join("server-key.pem"), client })
+    }
+
+    /// The `-o` option that gives a server (kura or memcached) the certificate and its key.
+    fn server_options(&self) -> String {
+        format!("ssl_chain_cert={},ssl_key={}", self.cert.display(), self.key.display())
+    }
+}
+
 /// Pipelined sets: each connection loads its share in batches of `depth`.
 fn load(
-    port: u16,
+    target: &Target,
     items: u64,
     value_size: usize,
     connections: usize,
@@ -583,10 +694,9 @@ fn load(
 ) -> anyhow::Result<()> {
     let threads: Vec<_> = (0..connections as u64)
         .map(|c| {
+            let target = target.clone();
             std::thread::spawn(move || -> anyhow::Result<()> {
-                let stream = connect(port)?;
-                let mut reader = BufReader::new(stream.try_clone()?);
-                let mut writer = stream;
+                let mut reader = BufReader::new(target.connect()?);
                 let mut line = Vec::new();
                 let mine: Vec<u64> = (c..items).step_by(connections).collect();
                 for batch in mine.chunks(depth) {
@@ -598,7 +708,7 @@ fn load(
                         request.extend_from_slice(&value_for(i, value_size));
                         request.extend_from_slice(b"\r\n");
                     }
-                    writer.write_all(&request)?;
+                    reader.get_mut().write_all(&request)?;
                     for _ in batch {
                         line.clear();
                         reader.read_until(b'\n', &mut line)?;
@@ -620,14 +730,12 @@ fn load(
 
 /// Keys the server does not have: one pipelined pass of gets over all of them.
 fn missing_keys(
-    port: u16,
+    target: &Target,
     items: u64,
     value_size: usize,
     depth: usize,
 ) -> anyhow::Result<Vec<u64>> {
-    let stream = connect(port)?;
-    let mut reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
-    let mut writer = stream;
+    let mut reader = BufReader::with_capacity(256 * 1024, target.connect()?);
     let (mut request, mut line, mut sink) = (Vec::new(), Vec::new(), Vec::new());
     let mut missing = Vec::new();
     let batch = depth.max(16) as u64;
@@ -637,7 +745,7 @@ fn missing_keys(
         for i in start..end {
             request.extend_from_slice(format!("get {}\r\n", key(i)).as_bytes());
         }
-        writer.write_all(&request)?;
+        reader.get_mut().write_all(&request)?;
         for i in start..end {
             if !read_get_reply(&mut reader, &mut line, value_size, &mut sink)? {
                 missing.push(i);
@@ -647,11 +755,9 @@ fn missing_keys(
     Ok(missing)
 }
 
-fn paced_sets(port: u16, keys: &[u64], value_size: usize) -> anyhow::Result<()> {
+fn paced_sets(target: &Target, keys: &[u64], value_size: usize) -> anyhow::Result<()> {
     let pause = Duration::from_secs_f64(PACED_LOAD_BATCH as f64 / PACED_LOAD_ITEMS_PER_S as f64);
-    let stream = connect(port)?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
+    let mut reader = BufReader::new(target.connect()?);
     let mut line = Vec::new();
     for batch in keys.chunks(PACED_LOAD_BATCH) {
         let started = Instant::now();
@@ -661,7 +767,7 @@ fn paced_sets(port: u16, keys: &[u64], value_size: usize) -> anyhow::Result<()> 
             request.extend_from_slice(&value_for(i, value_size));
             request.extend_from_slice(b"\r\n");
         }
-        writer.write_all(&request)?;
+        reader.get_mut().write_all(&request)?;
         for _ in batch {
             line.clear();
             reader.read_until(b'\n', &mut line)?;
@@ -686,7 +792,7 @@ impl Measured {
 
 /// Reads one `get` reply; returns whether it was a hit.
 fn read_get_reply(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut BufReader<Conn>,
     line: &mut Vec<u8>,
     value_size: usize,
     sink: &mut Vec<u8>,
@@ -721,7 +827,7 @@ fn get_request(rng: &mut StdRng, items: u64, out: &mut Vec<u8>) {
 
 /// Peak: every connection keeps `depth` gets in flight (sent as one batch), for `duration`.
 fn closed_loop_gets(
-    port: u16,
+    target: &Target,
     items: u64,
     value_size: usize,
     connections: usize,
@@ -733,10 +839,9 @@ fn closed_loop_gets(
     let threads: Vec<_> = (0..connections as u64)
         .map(|c| {
             let stop = Arc::clone(&stop);
+            let target = target.clone();
             std::thread::spawn(move || -> anyhow::Result<(LatencyHist, u64, u64)> {
-                let stream = connect(port)?;
-                let mut reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
-                let mut writer = stream;
+                let mut reader = BufReader::with_capacity(256 * 1024, target.connect()?);
                 let mut rng = StdRng::seed_from_u64(0x5eed + c);
                 let (mut hist, mut hits, mut misses) = (LatencyHist::micros(), 0, 0);
                 let (mut request, mut line, mut sink) = (Vec::new(), Vec::new(), Vec::new());
@@ -746,7 +851,7 @@ fn closed_loop_gets(
                         get_request(&mut rng, items, &mut request);
                     }
                     let sent = Instant::now();
-                    writer.write_all(&request)?;
+                    reader.get_mut().write_all(&request)?;
                     for _ in 0..depth {
                         if read_get_reply(&mut reader, &mut line, value_size, &mut sink)? {
                             hits += 1;

@@ -27,3 +27,33 @@ fn bench_server_prints_every_field_and_draws_its_plot() {
     assert_eq!(report["plot"].as_str(), Some(plot.to_str().unwrap()), "{report}");
     assert!(std::fs::metadata(&plot).is_ok_and(|m| m.len() > 1000), "no plot at {}", plot.display());
 }
+
+/// `--tls`: every system serves over TLS with a certificate the bench makes; the load and the
+/// peak are measured through it (the replies are checked: every GET a hit with its whole
+/// value), and the sweep, which needs a plain socket, is skipped and said so.
+#[test]
+fn bench_server_over_tls_measures_the_peak() {
+    let have = |cmd: &str, arg: &str| Command::new(cmd).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !have("openssl", "version") {
+        eprintln!("SKIP: openssl is not installed (--tls makes its certificate with it)");
+        return;
+    }
+    let with_memcached = have("memcached", "-V");
+    let systems = if with_memcached { "kura,memcached" } else { "kura" };
+    if !with_memcached {
+        eprintln!("SKIP (in part): memcached is not installed; kura alone");
+    }
+    let (report, dir) = common::bench("server", &["--tls", "--value-size", "512", "--items", "2000", "--duration-s", "1", "--connections", "2", "--systems", systems]);
+    assert_eq!(report["config"]["tls"], true, "{report}");
+    for system in systems.split(',') {
+        let s = &report["systems"][system];
+        for field in ["get_ops_per_s", "get_p50_us", "get_p99_us", "set_ops_per_s", "rss_bytes_per_item"] {
+            assert!(s[field].as_f64().is_some_and(|v| v > 0.0), "{system}.{field}: {s}");
+        }
+        assert_eq!(s["get_hit_ratio"].as_f64(), Some(1.0), "{system}: {s}");
+        assert_eq!(s["items_missing_when_measured"].as_u64(), Some(0), "{system}: {s}");
+        assert!(s["curve"].as_array().is_some_and(Vec::is_empty), "{system}: no sweep over TLS: {s}");
+    }
+    assert!(report["plot"].is_null(), "{report}");
+    assert!(dir.path().join("tls/server.pem").exists());
+}
