@@ -116,7 +116,11 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let data_bytes = items * (args.value_size as u64 + 32);
-    let tls = if args.tls { Some(TlsFiles::make(&args.dir.join("tls"))?) } else { None };
+    let tls = if args.tls {
+        Some(TlsFiles::make(&args.dir.join("tls"))?)
+    } else {
+        None
+    };
     eprintln!(
         "bench server: {items} items of {} bytes ({} MiB), {} connections × depth {}",
         args.value_size,
@@ -145,23 +149,26 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(args.dir.join("kura.kura"));
         let _ = std::fs::remove_file(args.dir.join("extstore.data"));
     }
-    let plot_path = args.plot.clone().unwrap_or_else(|| args.dir.join("server-latency.png"));
+    let plot_path = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| args.dir.join("server-latency.png"));
     let plotted: Result<(), String> = if tls.is_some() {
         Err("no latency curves over TLS (--tls skips the sweep)".to_owned())
     } else {
         kura_bench::plot::line_plot(
-        &plot_path,
-        &format!(
-            "GET p99 latency vs throughput, {} B values, {items} items",
-            args.value_size
-        ),
-        "GET/s achieved",
-        "p99 latency (µs, log)",
-        &curves,
-        false,
-        true,
-    )
-    .map_err(|e| e.to_string())
+            &plot_path,
+            &format!(
+                "GET p99 latency vs throughput, {} B values, {items} items",
+                args.value_size
+            ),
+            "GET/s achieved",
+            "p99 latency (µs, log)",
+            &curves,
+            false,
+            true,
+        )
+        .map_err(|e| e.to_string())
     };
     if let Err(error) = &plotted {
         eprintln!("bench server: no plot: {error}");
@@ -321,7 +328,10 @@ fn start_system(
         .stderr(Stdio::inherit());
     eprintln!("bench server: starting {name} on port {port}");
     let running = Running {
-        target: Target { port, tls: tls.map(|t| Arc::clone(&t.client)) },
+        target: Target {
+            port,
+            tls: tls.map(|t| Arc::clone(&t.client)),
+        },
         child: cmd.spawn().with_context(|| format!("starting {name}"))?,
     };
     let deadline = Instant::now() + START_TIMEOUT;
@@ -663,24 +673,100 @@ impl TlsFiles {
         let openssl = which("openssl").context("--tls makes its certificate with the openssl command, which is not installed (apt-get install openssl)")?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ssl = |args: &[&str]| -> anyhow::Result<()> {
-            let out = Command::new(&openssl).args(args).current_dir(dir).stdin(Stdio::null()).output().context("running openssl")?;
+            let out = Command::new(&openssl)
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .context("running openssl")?;
             if !out.status.success() {
-                bail!("openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+                bail!(
+                    "openssl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
             }
             Ok(())
         };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        ssl(&[&["req", "-x509"][..], &ec, &["-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/CN=kura bench ca", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"]].concat())?;
-        std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")?;
-        ssl(&[&["req"][..], &ec, &["-keyout", "server-key.pem", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]].concat())?;
-        ssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext"])?;
-        let client = kura_tls::client_config(&kura_tls::ClientTlsOptions { ca: Some(dir.join("ca.pem")), cert: None, key: None })?;
-        Ok(Self { cert: dir.join("server.pem"), key: dir.join("server-key.pem"), client })
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        ssl(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca-key.pem",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=kura bench ca",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign",
+            ],
+        ]
+        .concat())?;
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )?;
+        ssl(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server-key.pem",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat())?;
+        ssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ])?;
+        let client = kura_tls::client_config(&kura_tls::ClientTlsOptions {
+            ca: Some(dir.join("ca.pem")),
+            cert: None,
+            key: None,
+        })?;
+        Ok(Self {
+            cert: dir.join("server.pem"),
+            key: dir.join("server-key.pem"),
+            client,
+        })
     }
 
     /// The `-o` option that gives a server (kura or memcached) the certificate and its key.
     fn server_options(&self) -> String {
-        format!("ssl_chain_cert={},ssl_key={}", self.cert.display(), self.key.display())
+        format!(
+            "ssl_chain_cert={},ssl_key={}",
+            self.cert.display(),
+            self.key.display()
+        )
     }
 }
 
