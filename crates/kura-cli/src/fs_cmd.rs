@@ -332,6 +332,10 @@ struct ServerInfo {
     /// Its Unix socket.
     #[serde(default)]
     socket: Option<PathBuf>,
+    /// When it started (`crate::process::start_ticks`): with `pid`, names the server even
+    /// after its pid is reused. Absent from records of older versions.
+    #[serde(default)]
+    start_ticks: Option<u64>,
 }
 
 /// Where the local server listens.
@@ -388,7 +392,10 @@ fn lock_file(dir: &Path, name: &str) -> anyhow::Result<File> {
 
 fn server_alive(dir: &Path) -> Option<ServerInfo> {
     let info = server_info(dir)?;
-    let alive = Path::new(&format!("/proc/{}", info.pid)).exists();
+    let alive = match info.start_ticks {
+        Some(ticks) => crate::process::start_ticks(info.pid) == Some(ticks),
+        None => Path::new(&format!("/proc/{}", info.pid)).exists(),
+    };
     (alive && info.listen().accepting(Duration::from_millis(500))).then_some(info)
 }
 
@@ -458,9 +465,11 @@ fn start_server(dir: &Path, size: &str, listen: &Listen) -> anyhow::Result<()> {
         .env_remove("LD_PRELOAD")
         .process_group(0);
     let mut child = cmd.spawn().context("cannot start kura serve")?;
+    // Read while the child is unreaped, so that its pid cannot be another process's yet.
+    let start_ticks = crate::process::start_ticks(child.id());
     let info = match listen {
-        Listen::Unix(path) => ServerInfo { pid: child.id(), port: 0, socket: Some(path.clone()) },
-        Listen::Tcp(port) => ServerInfo { pid: child.id(), port: *port, socket: None },
+        Listen::Unix(path) => ServerInfo { pid: child.id(), port: 0, socket: Some(path.clone()), start_ticks },
+        Listen::Tcp(port) => ServerInfo { pid: child.id(), port: *port, socket: None, start_ticks },
     };
     let deadline = Instant::now() + Duration::from_secs(SERVER_START_TIMEOUT_S);
     while !listen.accepting(Duration::from_millis(200)) {
@@ -493,23 +502,13 @@ fn stop_server(dir: &Path) -> anyhow::Result<()> {
         let _ = fs::remove_file(dir.join("server.json"));
         return Ok(());
     };
-    // SAFETY: kill(2) with integers; the pid is the server we started (checked alive above).
-    unsafe { libc::kill(info.pid as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(SERVER_STOP_GRACE_S);
-    while Path::new(&format!("/proc/{}", info.pid)).exists() && !is_zombie(info.pid) {
-        if Instant::now() > deadline {
-            // SAFETY: as above.
-            unsafe { libc::kill(info.pid as i32, libc::SIGKILL) };
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    // Through a pidfd of the process with the recorded pid and start time: once the server
+    // has exited, its pid may be any other process's or thread's.
+    if crate::process::stop(info.pid, info.start_ticks, Duration::from_secs(SERVER_STOP_GRACE_S)) == crate::process::Stopped::Killed {
+        eprintln!("kura fs: the local server did not stop within {SERVER_STOP_GRACE_S} s of SIGTERM and was killed");
     }
     let _ = fs::remove_file(dir.join("server.json"));
     Ok(())
-}
-
-fn is_zombie(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
 }
 
 /// Opens the file system in this process (for FUSE and the benchmark).

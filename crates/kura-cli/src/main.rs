@@ -8,6 +8,7 @@ mod bench_pool;
 mod bench_server;
 mod engine_cmd;
 mod fs_cmd;
+mod process;
 mod serve;
 mod size;
 
