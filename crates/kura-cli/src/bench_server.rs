@@ -78,9 +78,8 @@ pub struct ServerBenchArgs {
     keep: bool,
     /// Serve and measure over TLS: every system starts with `-Z` and a certificate made
     /// here (in --dir/tls, with the `openssl` command), and every client connection makes a
-    /// TLS 1.3 handshake. The load, the peak GET rate and RSS are measured; the offered-load
-    /// sweep is not (its client sends and receives on one socket from two threads, which a
-    /// TLS session does not allow), so no curve is drawn.
+    /// TLS 1.3 handshake. Everything is measured as without it, the offered-load sweep too
+    /// (its sending and receiving threads take turns at each connection's session).
     #[arg(long)]
     tls: bool,
     /// Extra arguments for `kura serve` (e.g. --kura-args="--sync=never").
@@ -153,13 +152,12 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         .plot
         .clone()
         .unwrap_or_else(|| args.dir.join("server-latency.png"));
-    let plotted: Result<(), String> = if tls.is_some() {
-        Err("no latency curves over TLS (--tls skips the sweep)".to_owned())
-    } else {
+    let plotted: Result<(), String> = {
         kura_bench::plot::line_plot(
             &plot_path,
             &format!(
-                "GET p99 latency vs throughput, {} B values, {items} items",
+                "GET p99 latency vs throughput{}, {} B values, {items} items",
+                if tls.is_some() { " over TLS" } else { "" },
                 args.value_size
             ),
             "GET/s achieved",
@@ -484,14 +482,10 @@ fn measure(
         100.0 * peak.hit_ratio()
     );
     let mut curve = Vec::new();
-    if tls.is_some() && !args.sweep.is_empty() {
-        eprintln!("bench server: {name}: no offered-load sweep over TLS");
-    }
-    let sweep: &[f64] = if tls.is_some() { &[] } else { &args.sweep };
-    for &fraction in sweep {
+    for &fraction in &args.sweep {
         let offered = (peak.ops_per_s * fraction).max(100.0);
         let point = open_loop_gets(
-            server.target.port,
+            &server.target,
             items,
             args.value_size,
             args.connections,
@@ -984,28 +978,26 @@ fn collect(
 /// each scheduled time) and one thread receives (epoll over every connection), so the client
 /// adds two threads, not two per connection, to the cores it shares with the server.
 fn open_loop_gets(
-    port: u16,
+    target: &Target,
     items: u64,
     value_size: usize,
     connections: usize,
     rate: f64,
     duration: Duration,
 ) -> anyhow::Result<Measured> {
-    let streams = (0..connections)
-        .map(|_| connect(port))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let streams: Arc<Vec<OpenConn>> = Arc::new(
+        (0..connections)
+            .map(|_| OpenConn::connect(target))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    );
     let queues: Arc<Vec<Mutex<VecDeque<Instant>>>> = Arc::new(
         (0..connections)
             .map(|_| Mutex::new(VecDeque::new()))
             .collect(),
     );
     let receiver = {
-        let readers = streams
-            .iter()
-            .map(TcpStream::try_clone)
-            .collect::<std::io::Result<Vec<_>>>()?;
-        let queues = Arc::clone(&queues);
-        std::thread::spawn(move || receive_all(readers, &queues, value_size))
+        let (streams, queues) = (Arc::clone(&streams), Arc::clone(&queues));
+        std::thread::spawn(move || receive_all(&streams, &queues, value_size))
     };
     let started = Instant::now();
     let dropped = send_on_schedule(&streams, &queues, items, rate, duration)?;
@@ -1031,7 +1023,7 @@ fn open_loop_gets(
 /// Sends gets at their scheduled times; returns how many it skipped because a connection
 /// had [`OUTSTANDING_MAX`] unanswered.
 fn send_on_schedule(
-    streams: &[TcpStream],
+    streams: &[OpenConn],
     queues: &[Mutex<VecDeque<Instant>>],
     items: u64,
     rate: f64,
@@ -1040,7 +1032,6 @@ fn send_on_schedule(
     let interval = Duration::from_secs_f64(1.0 / rate);
     let mut rng = StdRng::seed_from_u64(0xabc);
     let mut pending: Vec<Vec<u8>> = vec![Vec::new(); streams.len()];
-    let mut writers: Vec<&TcpStream> = streams.iter().collect();
     let (start, mut sent, mut dropped) = (Instant::now(), 0u64, 0u64);
     let end = start + duration;
     let mut next = start;
@@ -1064,59 +1055,115 @@ fn send_on_schedule(
             conn = (conn + 1) % streams.len();
             next = start + interval.mul_f64((sent + dropped) as f64);
         }
-        for (writer, bytes) in writers.iter_mut().zip(&mut pending) {
-            while !bytes.is_empty() {
-                match writer.write(bytes) {
-                    Ok(n) => {
-                        bytes.drain(..n);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(e.into()),
-                }
-            }
+        for (conn, bytes) in streams.iter().zip(&mut pending) {
+            conn.send(bytes)?;
         }
     }
     // What the sockets would not take yet; the sentinel `mn` tells the receiver it has all.
-    for (writer, bytes) in writers.iter_mut().zip(&mut pending) {
+    for (conn, bytes) in streams.iter().zip(&mut pending) {
         bytes.extend_from_slice(b"mn\r\n");
-        while !bytes.is_empty() {
-            match writer.write(bytes) {
-                Ok(n) => {
-                    bytes.drain(..n);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_micros(200))
-                }
-                Err(e) => return Err(e.into()),
-            }
+        while !conn.send(bytes)? {
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
     Ok(dropped)
 }
 
+/// One open-loop connection, which one thread writes and another reads. With `--tls` both
+/// take turns at its session (each holds the lock for one non-blocking read or write), as the
+/// session's bytes go both ways (its reads take in the server's session tickets and key
+/// updates).
+struct OpenConn {
+    /// Non-blocking.
+    sock: TcpStream,
+    tls: Option<Mutex<kura_tls::TlsSession>>,
+}
+
+impl OpenConn {
+    fn connect(target: &Target) -> anyhow::Result<Self> {
+        let mut sock = connect(target.port)?;
+        let tls = match &target.tls {
+            None => None,
+            Some(config) => {
+                let mut session =
+                    kura_tls::TlsSession::client(config, kura_tls::server_name("127.0.0.1")?)?;
+                session
+                    .handshake(&mut sock)
+                    .context("TLS handshake with the server")?;
+                Some(Mutex::new(session))
+            }
+        };
+        sock.set_nonblocking(true)?;
+        Ok(Self { sock, tls })
+    }
+
+    /// Writes what the socket takes of `bytes` now and drains that much from it; true when
+    /// all of it is on its way (with TLS: encrypted and written to the socket whole).
+    fn send(&self, bytes: &mut Vec<u8>) -> anyhow::Result<bool> {
+        let mut sock = &self.sock;
+        let Some(tls) = &self.tls else {
+            while !bytes.is_empty() {
+                match sock.write(bytes) {
+                    Ok(n) => {
+                        bytes.drain(..n);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(true);
+        };
+        let mut session = tls.lock().expect("session lock");
+        while !bytes.is_empty() {
+            match session.write_vectored(&mut sock, &[std::io::IoSlice::new(bytes)]) {
+                Ok(n) => {
+                    bytes.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match session.flush(&mut sock) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads what has arrived into `buf` (`WouldBlock` when nothing has; `Ok(0)`: closed).
+    fn receive(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut sock = &self.sock;
+        match &self.tls {
+            None => sock.read(buf),
+            Some(tls) => tls.lock().expect("session lock").read(&mut sock, buf, false),
+        }
+    }
+}
+
 /// One connection's replies being parsed.
 struct Incoming {
-    stream: mio::net::TcpStream,
+    /// A descriptor of the connection's socket of its own, registered with epoll: kept open
+    /// while it is polled (reads go through the connection's [`OpenConn`]).
+    _registered: mio::net::TcpStream,
     buf: Vec<u8>,
     done: bool,
 }
 
 /// Receives every connection's replies with epoll until each has sent its closing `MN`.
 fn receive_all(
-    readers: Vec<TcpStream>,
+    streams: &[OpenConn],
     queues: &[Mutex<VecDeque<Instant>>],
     value_size: usize,
 ) -> anyhow::Result<(LatencyHist, u64, u64)> {
     let mut poll = mio::Poll::new()?;
     let mut events = mio::Events::with_capacity(64);
     let mut conns = Vec::new();
-    for (i, reader) in readers.into_iter().enumerate() {
-        reader.set_nonblocking(true)?;
-        let mut stream = mio::net::TcpStream::from_std(reader);
+    for (i, stream) in streams.iter().enumerate() {
+        let mut registered = mio::net::TcpStream::from_std(stream.sock.try_clone()?);
         poll.registry()
-            .register(&mut stream, mio::Token(i), mio::Interest::READABLE)?;
+            .register(&mut registered, mio::Token(i), mio::Interest::READABLE)?;
         conns.push(Incoming {
-            stream,
+            _registered: registered,
             buf: Vec::with_capacity(256 * 1024),
             done: false,
         });
@@ -1133,7 +1180,7 @@ fn receive_all(
             let i = event.token().0;
             let conn = &mut conns[i];
             loop {
-                match conn.stream.read(&mut chunk) {
+                match streams[i].receive(&mut chunk) {
                     Ok(0) => bail!("the server closed a connection"),
                     Ok(n) => conn.buf.extend_from_slice(&chunk[..n]),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
