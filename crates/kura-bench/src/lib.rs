@@ -7,6 +7,7 @@
 //! - [`plot`]: line and bar charts as PNG, fonts compiled in;
 //! - [`json`]: print a result pretty and optionally save it;
 //! - [`proc`]: a process's RSS and CPU time from /proc;
+//! - [`memcg`]: a memory cgroup capping an anchor's RAM, its page cache included;
 //! - [`host`]: a free TCP port, whether a tool is installed, medians of rounds.
 
 pub mod dist;
@@ -14,5 +15,6 @@ pub mod fio;
 pub mod hist;
 pub mod host;
 pub mod json;
+pub mod memcg;
 pub mod plot;
 pub mod proc;

@@ -44,6 +44,15 @@ pub struct ServerBenchArgs {
     /// RAM of kura's cache and of memcached-with-extstore, in MiB (`-m` of both).
     #[arg(long, default_value_t = 64)]
     memory_mb: u64,
+    /// RAM, in MiB, that memcached-with-extstore may hold in all: its process and the page
+    /// cache of its file, capped with a memory cgroup. Without a cap, extstore's reads are
+    /// served from the kernel's page cache wherever the machine's free RAM holds its file,
+    /// not from the disk as kura's `O_DIRECT` reads are. Default: 2 × --memory-mb + 32, about
+    /// what kura's own process holds at the defaults (its cache, write buffers and index).
+    /// 0: no cap. Needs root and a cgroup memory controller; without them the run goes on
+    /// uncapped and says so.
+    #[arg(long)]
+    extstore_memory_cap_mb: Option<u64>,
     /// Seconds of the peak GET phase and of each sweep point.
     #[arg(long, default_value_t = 4)]
     duration_s: u64,
@@ -85,6 +94,21 @@ pub struct ServerBenchArgs {
     /// Extra arguments for `kura serve` (e.g. --kura-args="--sync=never").
     #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
     kura_args: Vec<String>,
+}
+
+/// `ext_threads` of memcached with extstore: reads of its file in flight at once (each IO
+/// thread makes one `pread` at a time; memcached's default is 1, which on this machine's disk
+/// held it to ~7,000 GETs/s once its reads reached the disk).
+const EXTSTORE_IO_THREADS: usize = 8;
+
+impl ServerBenchArgs {
+    /// `--extstore-memory-cap-mb` with its default; `None`: no cap.
+    fn extstore_cap_mb(&self) -> Option<u64> {
+        let cap_mb = self
+            .extstore_memory_cap_mb
+            .unwrap_or(2 * self.memory_mb + 32);
+        (cap_mb > 0).then_some(cap_mb)
+    }
 }
 
 const SYSTEMS: [&str; 3] = ["kura", "memcached", "memcached_extstore"];
@@ -177,6 +201,7 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
             "value_size": args.value_size, "items": items, "connections": args.connections, "depth": args.depth,
             "memory_mb": args.memory_mb, "threads": args.threads, "duration_s": args.duration_s, "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "tls": args.tls,
+            "extstore_memory_cap_mb": args.extstore_cap_mb(),
             "dir": args.dir.display().to_string(),
         },
         "systems": Value::Object(results.clone()),
@@ -211,6 +236,9 @@ fn ratios(results: &serde_json::Map<String, Value>) -> Value {
 struct Running {
     target: Target,
     child: std::process::Child,
+    /// The memory cgroup the server runs in (`--extstore-memory-cap-mb`); removed after the
+    /// child has exited (fields drop after [`Running`]'s own `drop`).
+    cap: Option<kura_bench::memcg::MemoryCap>,
 }
 
 impl Running {
@@ -308,8 +336,10 @@ fn start_system(
                 // Tuned so extstore keeps every item under a bulk load: flush to disk at once
                 // (ext_item_age=0) and keep a fifth of RAM free for item headers; with the
                 // defaults it evicts about half of a fast load it cannot flush in time.
+                // Its IO threads read with one pread each: EXTSTORE_IO_THREADS of them keep
+                // that many disk reads in flight (memcached's default, 1, keeps one).
                 let ext = format!(
-                    "ext_path={}:{size_mb}m,ext_item_age=0,slab_automove_freeratio=0.2",
+                    "ext_path={}:{size_mb}m,ext_item_age=0,slab_automove_freeratio=0.2,ext_threads={EXTSTORE_IO_THREADS}",
                     path.display()
                 );
                 cmd.args(["-m", &args.memory_mb.to_string(), "-o", &ext]);
@@ -331,9 +361,31 @@ fn start_system(
             tls: tls.map(|t| Arc::clone(&t.client)),
         },
         child: cmd.spawn().with_context(|| format!("starting {name}"))?,
+        cap: None,
     };
-    let deadline = Instant::now() + START_TIMEOUT;
     let mut running = running;
+    // Into its cgroup before it has read or written anything: what it brings into memory
+    // from the start counts.
+    if name == "memcached_extstore"
+        && let Some(cap_mb) = args.extstore_cap_mb()
+    {
+        let cgroup = format!("kura-bench-extstore-{}", std::process::id());
+        match kura_bench::memcg::MemoryCap::create(&cgroup, cap_mb << 20)
+            .and_then(|cap| cap.add(running.pid()).map(|()| cap))
+        {
+            Ok(cap) => {
+                eprintln!(
+                    "bench server: {name}: its memory and page cache capped at {cap_mb} MiB ({})",
+                    cap.path().display()
+                );
+                running.cap = Some(cap);
+            }
+            Err(error) => eprintln!(
+                "bench server: {name}: not capped ({error}): its reads may come from the page cache, not the disk"
+            ),
+        }
+    }
+    let deadline = Instant::now() + START_TIMEOUT;
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Some(status) = running.child.try_wait()? {
             bail!("{name} exited at start: {status}");
@@ -375,6 +427,9 @@ struct SystemResult {
     peak_client_cpu_s: f64,
     peak_wall_s: f64,
     curve: Vec<CurvePoint>,
+    /// `--extstore-memory-cap-mb`'s cgroup: its limit, the most it held, and the page cache it
+    /// held at the end.
+    memory_cap: Option<Value>,
 }
 
 impl SystemResult {
@@ -393,6 +448,7 @@ impl SystemResult {
             "items_missing_after_bulk_load": self.missing_after_load,
             "reloaded_paced": self.paced_load,
             "items_missing_when_measured": self.missing_at_start,
+            "memory_cap": self.memory_cap,
             "cpu": {
                 "load_server_s": round2(self.load_server_cpu_s), "load_client_s": round2(self.load_client_cpu_s),
                 "peak_server_s": round2(self.peak_server_cpu_s), "peak_client_s": round2(self.peak_client_cpu_s),
@@ -507,7 +563,15 @@ fn measure(
     }
     let rss_after_gets_bytes = proc::rss_bytes(server.pid())?;
     let server_stats = server_stats(&server.target)?;
+    let memory_cap = server.cap.as_ref().map(|cap| {
+        json!({
+            "limit_bytes": cap.limit_bytes(),
+            "peak_bytes": cap.peak_bytes(),
+            "page_cache_bytes": cap.page_cache_bytes(),
+        })
+    });
     Ok(SystemResult {
+        memory_cap,
         server_stats,
         paced_load,
         missing_after_load,

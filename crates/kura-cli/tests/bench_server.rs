@@ -65,3 +65,32 @@ fn bench_server_over_tls_measures_the_peak_and_the_sweep() {
     assert!(std::fs::metadata(&plot).is_ok_and(|m| m.len() > 1000), "no plot at {}", plot.display());
     assert!(dir.path().join("tls/server.pem").exists());
 }
+
+/// memcached with extstore runs in a memory cgroup (`--extstore-memory-cap-mb`), so that its
+/// file's page cache counts against the RAM it is given: the JSON shows the cap and what the
+/// cgroup held, never more than the cap.
+#[test]
+fn bench_server_caps_extstore_memory_page_cache_included() {
+    if !Command::new("memcached").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
+        eprintln!("SKIP: memcached is not installed");
+        return;
+    }
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: a memory cgroup needs root");
+        return;
+    }
+    let (report, _dir) = common::bench("server", &["--value-size", "4096", "--items", "4000", "--memory-mb", "8", "--extstore-memory-cap-mb", "48", "--duration-s", "1", "--sweep", "0.5", "--connections", "2", "--systems", "memcached_extstore"]);
+    assert_eq!(report["config"]["extstore_memory_cap_mb"], 48, "{report}");
+    let s = &report["systems"]["memcached_extstore"];
+    if s["memory_cap"].is_null() {
+        eprintln!("SKIP (in part): no cgroup memory controller here; the run went on uncapped: {s}");
+        return;
+    }
+    let cap = &s["memory_cap"];
+    assert_eq!(cap["limit_bytes"].as_u64(), Some(48 << 20), "{cap}");
+    let peak = cap["peak_bytes"].as_u64().expect("peak usage");
+    assert!(peak > 0 && peak <= 48 << 20, "held {peak} bytes at most, cap 48 MiB: {cap}");
+    assert!(s["get_ops_per_s"].as_f64().is_some_and(|v| v > 0.0), "{s}");
+    assert_eq!(s["get_hit_ratio"].as_f64(), Some(1.0), "{s}");
+}
