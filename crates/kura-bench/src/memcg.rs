@@ -68,8 +68,13 @@ impl MemoryCap {
 
     /// Moves process `pid` into the cgroup: what it brings into memory from now on counts.
     pub fn add(&self, pid: u32) -> Result<(), MemoryCapError> {
-        let procs = self.dir.join("cgroup.procs");
+        let procs = self.procs_path();
         fs::write(&procs, pid.to_string()).map_err(|source| MemoryCapError::Io { what: "write", path: procs, source })
+    }
+
+    /// The file a process writes a pid to (`0`: itself) to join the cgroup.
+    pub fn procs_path(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
     }
 
     pub fn limit_bytes(&self) -> u64 {

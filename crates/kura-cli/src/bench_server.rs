@@ -354,6 +354,10 @@ fn start_system(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
+    let cap = match args.extstore_cap_mb() {
+        Some(cap_mb) if name == "memcached_extstore" => memory_cap(&mut cmd, cap_mb)?,
+        _ => None,
+    };
     eprintln!("bench server: starting {name} on port {port}");
     let running = Running {
         target: Target {
@@ -361,30 +365,9 @@ fn start_system(
             tls: tls.map(|t| Arc::clone(&t.client)),
         },
         child: cmd.spawn().with_context(|| format!("starting {name}"))?,
-        cap: None,
+        cap,
     };
     let mut running = running;
-    // Into its cgroup before it has read or written anything: what it brings into memory
-    // from the start counts.
-    if name == "memcached_extstore"
-        && let Some(cap_mb) = args.extstore_cap_mb()
-    {
-        let cgroup = format!("kura-bench-extstore-{}", std::process::id());
-        match kura_bench::memcg::MemoryCap::create(&cgroup, cap_mb << 20)
-            .and_then(|cap| cap.add(running.pid()).map(|()| cap))
-        {
-            Ok(cap) => {
-                eprintln!(
-                    "bench server: {name}: its memory and page cache capped at {cap_mb} MiB ({})",
-                    cap.path().display()
-                );
-                running.cap = Some(cap);
-            }
-            Err(error) => eprintln!(
-                "bench server: {name}: not capped ({error}): its reads may come from the page cache, not the disk"
-            ),
-        }
-    }
     let deadline = Instant::now() + START_TIMEOUT;
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Some(status) = running.child.try_wait()? {
@@ -826,6 +809,51 @@ impl TlsFiles {
             self.key.display()
         )
     }
+}
+
+/// Makes the memory cgroup of `--extstore-memory-cap-mb` and has `cmd`'s process join it
+/// before it runs (between fork and exec), so that all it ever brings into memory, its file's
+/// page cache included, counts. `None`, said on stderr, where no cgroup can be made.
+fn memory_cap(
+    cmd: &mut Command,
+    cap_mb: u64,
+) -> anyhow::Result<Option<kura_bench::memcg::MemoryCap>> {
+    use std::os::unix::process::CommandExt;
+    let cgroup = format!("kura-bench-extstore-{}", std::process::id());
+    let cap = match kura_bench::memcg::MemoryCap::create(&cgroup, cap_mb << 20) {
+        Ok(cap) => cap,
+        Err(error) => {
+            eprintln!(
+                "bench server: memcached_extstore: not capped ({error}): its reads may come from the page cache, not the disk"
+            );
+            return Ok(None);
+        }
+    };
+    let procs = std::ffi::CString::new(cap.procs_path().as_os_str().as_encoded_bytes())
+        .context("cgroup path")?;
+    // SAFETY: the closure runs in the child between fork and exec and makes only
+    // async-signal-safe system calls (open, write, close) on memory allocated before the
+    // fork; "0" written to cgroup.procs moves the writing process itself.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            let error = std::io::Error::last_os_error();
+            libc::close(fd);
+            if written != 1 {
+                return Err(error);
+            }
+            Ok(())
+        });
+    }
+    eprintln!(
+        "bench server: memcached_extstore: its memory and page cache capped at {cap_mb} MiB ({})",
+        cap.path().display()
+    );
+    Ok(Some(cap))
 }
 
 /// Pipelined sets: each connection loads its share in batches of `depth`.
