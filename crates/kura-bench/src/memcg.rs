@@ -13,9 +13,12 @@
 //! on the unified hierarchy, where the memory controller must be enabled for children) and v1
 //! (`memory.limit_in_bytes` on the `memory` hierarchy).
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// Why no cap could be set (the benchmark then runs uncapped and says so).
 #[derive(Debug, thiserror::Error)]
@@ -66,15 +69,28 @@ impl MemoryCap {
         Ok(cap)
     }
 
-    /// Moves process `pid` into the cgroup: what it brings into memory from now on counts.
-    pub fn add(&self, pid: u32) -> Result<(), MemoryCapError> {
-        let procs = self.procs_path();
-        fs::write(&procs, pid.to_string()).map_err(|source| MemoryCapError::Io { what: "write", path: procs, source })
-    }
-
-    /// The file a process writes a pid to (`0`: itself) to join the cgroup.
-    pub fn procs_path(&self) -> PathBuf {
-        self.dir.join("cgroup.procs")
+    /// Has the process `cmd` spawns join the cgroup before it runs (between fork and exec),
+    /// so that everything it ever brings into memory counts. Its spawn fails if it cannot.
+    pub fn join_at_spawn(&self, cmd: &mut Command) {
+        let procs = CString::new(self.dir.join("cgroup.procs").into_os_string().into_encoded_bytes()).expect("a cgroup path from /proc has no NUL");
+        // SAFETY: the closure runs in the child between fork and exec and makes only
+        // async-signal-safe system calls (open, write, close) on memory allocated before the
+        // fork; "0" written to cgroup.procs moves the writing process itself.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let error = io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(error);
+                }
+                Ok(())
+            });
+        }
     }
 
     pub fn limit_bytes(&self) -> u64 {
@@ -163,8 +179,8 @@ mod tests {
         assert_eq!(memory_cgroup_dir("0::/\n", "1 0 8:1 / / rw - ext4 /dev/vda rw\n"), None);
     }
 
-    /// On this machine (root, a memory controller): a cap is set, a process moved in, and the
-    /// page cache of a file it reads is held within the limit.
+    /// On this machine (root, a memory controller): a cap is set, a process spawned into it,
+    /// and the page cache of a file it reads is held within the limit.
     #[test]
     fn a_capped_process_keeps_its_page_cache_within_the_limit() {
         let name = format!("kura-bench-memcg-test-{}", std::process::id());
@@ -182,12 +198,12 @@ mod tests {
         let f = fs::File::open(&file).unwrap();
         // SAFETY: posix_fadvise on an open descriptor; no memory is passed.
         unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        let mut child = std::process::Command::new("sh").args(["-c", "read x; cat \"$0\" > /dev/null"]).arg(&file).stdin(std::process::Stdio::piped()).spawn().unwrap();
-        cap.add(child.id()).unwrap();
-        use std::io::Write as _;
-        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-        assert!(child.wait().unwrap().success());
+        let mut cat = Command::new("cat");
+        cat.arg(&file).stdout(std::process::Stdio::null());
+        cap.join_at_spawn(&mut cat);
+        assert!(cat.status().unwrap().success());
         let peak = cap.peak_bytes().expect("peak usage");
+        assert!(peak > 0, "the reader was not in the cgroup");
         assert!(peak <= 32 << 20, "peak {peak} over the 32 MiB limit");
         assert!(cap.page_cache_bytes().is_some_and(|b| b <= 32 << 20));
     }

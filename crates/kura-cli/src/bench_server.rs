@@ -176,22 +176,19 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<()> {
         .plot
         .clone()
         .unwrap_or_else(|| args.dir.join("server-latency.png"));
-    let plotted: Result<(), String> = {
-        kura_bench::plot::line_plot(
-            &plot_path,
-            &format!(
-                "GET p99 latency vs throughput{}, {} B values, {items} items",
-                if tls.is_some() { " over TLS" } else { "" },
-                args.value_size
-            ),
-            "GET/s achieved",
-            "p99 latency (µs, log)",
-            &curves,
-            false,
-            true,
-        )
-        .map_err(|e| e.to_string())
-    };
+    let plotted = kura_bench::plot::line_plot(
+        &plot_path,
+        &format!(
+            "GET p99 latency vs throughput{}, {} B values, {items} items",
+            if tls.is_some() { " over TLS" } else { "" },
+            args.value_size
+        ),
+        "GET/s achieved",
+        "p99 latency (µs, log)",
+        &curves,
+        false,
+        true,
+    );
     if let Err(error) = &plotted {
         eprintln!("bench server: no plot: {error}");
     }
@@ -355,7 +352,7 @@ fn start_system(
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     let cap = match args.extstore_cap_mb() {
-        Some(cap_mb) if name == "memcached_extstore" => memory_cap(&mut cmd, cap_mb)?,
+        Some(cap_mb) if name == "memcached_extstore" => memory_cap(&mut cmd, cap_mb),
         _ => None,
     };
     eprintln!("bench server: starting {name} on port {port}");
@@ -656,47 +653,60 @@ struct Target {
 }
 
 impl Target {
-    fn connect(&self) -> anyhow::Result<Conn> {
-        let stream = connect(self.port)?;
-        Ok(match &self.tls {
-            None => Conn::Plain(stream),
+    /// A connected socket (blocking), and with `--tls` its session after a completed
+    /// handshake.
+    fn open(&self) -> anyhow::Result<(TcpStream, Option<kura_tls::TlsSession>)> {
+        let mut sock = connect(self.port)?;
+        let session = match &self.tls {
+            None => None,
             Some(config) => {
-                let name = kura_tls::server_name("127.0.0.1")?;
-                let session = rustls::ClientConnection::new(Arc::clone(config), name)?;
-                Conn::Tls(Box::new(rustls::StreamOwned::new(session, stream)))
+                let mut session =
+                    kura_tls::TlsSession::client(config, kura_tls::server_name("127.0.0.1")?)?;
+                session
+                    .handshake(&mut sock)
+                    .context("TLS handshake with the server")?;
+                Some(session)
             }
-        })
+        };
+        Ok((sock, session))
+    }
+
+    fn connect(&self) -> anyhow::Result<Conn> {
+        let (sock, session) = self.open()?;
+        Ok(Conn { sock, session })
     }
 }
 
-/// One client connection, plain or TLS; requests are written and replies read on it by one
-/// thread, in turn.
-enum Conn {
-    Plain(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+/// One blocking client connection, plain or TLS; requests are written and replies read on it
+/// by one thread, in turn.
+struct Conn {
+    sock: TcpStream,
+    session: Option<kura_tls::TlsSession>,
 }
 
 impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.read(buf),
-            Conn::Tls(s) => s.read(buf),
+        match &mut self.session {
+            None => self.sock.read(buf),
+            Some(session) => session.read(&mut self.sock, buf, true),
         }
     }
 }
 
 impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.write(buf),
-            Conn::Tls(s) => s.write(buf),
+        match &mut self.session {
+            None => self.sock.write(buf),
+            Some(session) => {
+                session.write_vectored(&mut self.sock, &[std::io::IoSlice::new(buf)])
+            }
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Conn::Plain(s) => s.flush(),
-            Conn::Tls(s) => s.flush(),
+        match &mut self.session {
+            None => self.sock.flush(),
+            Some(session) => session.flush(&mut self.sock),
         }
     }
 }
@@ -812,48 +822,26 @@ impl TlsFiles {
 }
 
 /// Makes the memory cgroup of `--extstore-memory-cap-mb` and has `cmd`'s process join it
-/// before it runs (between fork and exec), so that all it ever brings into memory, its file's
-/// page cache included, counts. `None`, said on stderr, where no cgroup can be made.
-fn memory_cap(
-    cmd: &mut Command,
-    cap_mb: u64,
-) -> anyhow::Result<Option<kura_bench::memcg::MemoryCap>> {
-    use std::os::unix::process::CommandExt;
+/// before it runs, so that all it ever brings into memory, its file's page cache included,
+/// counts. `None`, said on stderr, where no cgroup can be made.
+fn memory_cap(cmd: &mut Command, cap_mb: u64) -> Option<kura_bench::memcg::MemoryCap> {
     let cgroup = format!("kura-bench-extstore-{}", std::process::id());
-    let cap = match kura_bench::memcg::MemoryCap::create(&cgroup, cap_mb << 20) {
-        Ok(cap) => cap,
+    match kura_bench::memcg::MemoryCap::create(&cgroup, cap_mb << 20) {
+        Ok(cap) => {
+            cap.join_at_spawn(cmd);
+            eprintln!(
+                "bench server: memcached_extstore: its memory and page cache capped at {cap_mb} MiB ({})",
+                cap.path().display()
+            );
+            Some(cap)
+        }
         Err(error) => {
             eprintln!(
                 "bench server: memcached_extstore: not capped ({error}): its reads may come from the page cache, not the disk"
             );
-            return Ok(None);
+            None
         }
-    };
-    let procs = std::ffi::CString::new(cap.procs_path().as_os_str().as_encoded_bytes())
-        .context("cgroup path")?;
-    // SAFETY: the closure runs in the child between fork and exec and makes only
-    // async-signal-safe system calls (open, write, close) on memory allocated before the
-    // fork; "0" written to cgroup.procs moves the writing process itself.
-    unsafe {
-        cmd.pre_exec(move || {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            let error = std::io::Error::last_os_error();
-            libc::close(fd);
-            if written != 1 {
-                return Err(error);
-            }
-            Ok(())
-        });
     }
-    eprintln!(
-        "bench server: memcached_extstore: its memory and page cache capped at {cap_mb} MiB ({})",
-        cap.path().display()
-    );
-    Ok(Some(cap))
 }
 
 /// Pipelined sets: each connection loads its share in batches of `depth`.
@@ -1173,20 +1161,12 @@ struct OpenConn {
 
 impl OpenConn {
     fn connect(target: &Target) -> anyhow::Result<Self> {
-        let mut sock = connect(target.port)?;
-        let tls = match &target.tls {
-            None => None,
-            Some(config) => {
-                let mut session =
-                    kura_tls::TlsSession::client(config, kura_tls::server_name("127.0.0.1")?)?;
-                session
-                    .handshake(&mut sock)
-                    .context("TLS handshake with the server")?;
-                Some(Mutex::new(session))
-            }
-        };
+        let (sock, session) = target.open()?;
         sock.set_nonblocking(true)?;
-        Ok(Self { sock, tls })
+        Ok(Self {
+            sock,
+            tls: session.map(Mutex::new),
+        })
     }
 
     /// Writes what the socket takes of `bytes` now and drains that much from it; true when
